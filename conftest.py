@@ -1,0 +1,3 @@
+"""Loads the harness's pytest plugin for the suites and the harness's own tests."""
+
+pytest_plugins = ["harness.plugin"]

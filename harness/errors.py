@@ -1,0 +1,51 @@
+"""One exception hierarchy for the harness. Every message says what is wrong and what to do."""
+
+from __future__ import annotations
+
+
+class HarnessError(Exception):
+    """Root of every error the harness raises on purpose."""
+
+
+class ConfigError(HarnessError):
+    """A devices file, model spec or command-line option is malformed."""
+
+
+class ModelError(HarnessError):
+    """A model file is missing, is not ONNX, or cannot be prepared (e.g. an unfixed dynamic dim)."""
+
+
+class TransportError(HarnessError):
+    """A command, push or pull on a device failed.
+
+    Carries the device id, the argv, exit code and output so a user can reproduce it.
+    """
+
+    def __init__(self, message: str, *, device: str = "", argv: list[str] | None = None,
+                 rc: int | None = None, stdout: str = "", stderr: str = "") -> None:
+        self.device = device
+        self.argv = list(argv or [])
+        self.rc = rc
+        self.stdout = stdout
+        self.stderr = stderr
+        detail = message
+        if device:
+            detail = f"[{device}] {detail}"
+        if rc is not None:
+            detail += f" (exit code {rc})"
+        tail = stderr.strip().splitlines()[-5:] if stderr else []
+        if tail:
+            detail += "\n  stderr: " + "\n  stderr: ".join(tail)
+        super().__init__(detail)
+
+
+class DeviceTimeoutError(TransportError):
+    """A command on a device ran past its timeout."""
+
+
+class RunnerError(TransportError):
+    """The device-side runner failed (model did not load, inputs malformed, ...)."""
+
+
+class StepError(HarnessError):
+    """An onboarding step could not produce its artifact."""

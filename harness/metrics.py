@@ -1,0 +1,67 @@
+"""Output-comparison metrics, named as QAIRT's accuracy verifiers name them."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _flat(x) -> np.ndarray:
+    if isinstance(x, (list, tuple)):
+        return np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in x]) if x else np.zeros(0)
+    return np.asarray(x, dtype=np.float64).ravel()
+
+
+def cosine_similarity(reference, test) -> float:
+    """Return the cosine similarity of two tensors (or lists of tensors), flattened; 1.0 for two zeros."""
+    a, b = _flat(reference), _flat(test)
+    na, nb = np.linalg.norm(a), np.linalg.norm(b)
+    if na == 0 and nb == 0:
+        return 1.0
+    if na == 0 or nb == 0:
+        return 0.0
+    return float(np.dot(a, b) / (na * nb))
+
+
+def sqnr_db(reference, test) -> float:
+    """Return 10·log10(mean(reference²) / mse) in dB; +inf when identical."""
+    a, b = _flat(reference), _flat(test)
+    mse = float(np.mean((a - b) ** 2)) if a.size else 0.0
+    signal = float(np.mean(a ** 2)) if a.size else 0.0
+    if mse == 0:
+        return float("inf")
+    if signal == 0:
+        return float("-inf")
+    return float(10 * np.log10(signal / mse))
+
+
+def mean_abs_error(reference, test) -> float:
+    """Return the mean absolute difference."""
+    a, b = _flat(reference), _flat(test)
+    return float(np.mean(np.abs(a - b))) if a.size else 0.0
+
+
+def max_abs_diff(reference, test) -> float:
+    """Return the largest absolute difference."""
+    a, b = _flat(reference), _flat(test)
+    return float(np.max(np.abs(a - b))) if a.size else 0.0
+
+
+def is_classifier_output(shape: tuple[int, ...]) -> bool:
+    """True for a (batch, classes) or (classes,) output with more than one class."""
+    dims = [d for d in shape if d != 1]
+    return len(dims) == 1 and dims[0] > 1 and len(shape) <= 2
+
+
+def top1(logits: np.ndarray) -> int:
+    """Return the arg-max class of a classifier output."""
+    return int(np.argmax(np.asarray(logits).ravel()))
+
+
+def top1_accuracy(logits: list[np.ndarray], labels: np.ndarray) -> float:
+    """Return the share of samples whose arg-max class equals the label."""
+    return float(np.mean([top1(x) == int(y) for x, y in zip(logits, labels)])) if len(labels) else 0.0
+
+
+def top1_agreement(reference: list[np.ndarray], test: list[np.ndarray]) -> float:
+    """Return the share of samples where both outputs pick the same class."""
+    return float(np.mean([top1(a) == top1(b) for a, b in zip(reference, test)])) if reference else 0.0

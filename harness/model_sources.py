@@ -1,0 +1,51 @@
+"""Where a model under test and its data come from: the zoo (built and cached) or the user."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from harness.cache import ArtifactCache
+from harness.data import Dataset, input_infos, random_dataset, user_dataset
+from harness.models import ModelSpec
+
+ZOO_SEED = 0
+
+
+def source_model(spec: ModelSpec, cache: ArtifactCache) -> Path:
+    """Return the ONNX file for spec, building and caching a zoo model on first use."""
+    if not spec.is_zoo:
+        return spec.path
+    from harness.zoo import digits_cnn
+
+    return _zoo_entry(spec, cache) / "model.onnx"
+
+
+def _zoo_entry(spec: ModelSpec, cache: ArtifactCache) -> Path:
+    """Return the cache directory holding the zoo model and its data splits (built on first use)."""
+    def build(out: Path) -> None:
+        from harness.zoo import digits_cnn
+
+        digits_cnn.build_model(out / "model.onnx", seed=ZOO_SEED)
+        _, calib, evaluation = digits_cnn.load_splits(seed=ZOO_SEED)
+        np.savez(out / "splits.npz", calib_inputs=calib.inputs, eval_inputs=evaluation.inputs,
+                 eval_labels=evaluation.labels)
+
+    return cache.entry(f"zoo/{spec.name}", f"seed{ZOO_SEED}-v1", build).path
+
+
+def dataset_for(spec: ModelSpec, fixed_model: Path, cache: ArtifactCache) -> Dataset:
+    """Return calibration and evaluation data for spec (labelled for the zoo)."""
+    if spec.is_zoo and spec.calib_data is None:
+        with np.load(_zoo_entry(spec, cache) / "splits.npz") as splits:
+            calib, evaluation, labels = splits["calib_inputs"], splits["eval_inputs"], splits["eval_labels"]
+        return Dataset(calibration=[{"image": x[None]} for x in calib],
+                       evaluation=[{"image": x[None]} for x in evaluation], labels=labels,
+                       description=f"scikit-learn digits: {len(calib)} calibration images, "
+                                   f"{len(evaluation)} held-out labelled evaluation images")
+    infos = input_infos(onnx.load(str(fixed_model), load_external_data=False))
+    if spec.calib_data is not None:
+        return user_dataset(spec.calib_data, infos)
+    return random_dataset(infos, seed_text=spec.name)

@@ -1,0 +1,257 @@
+"""pytest plugin: options, device × model parametrization, step fixtures, KPI records.
+
+Loaded by the repository's conftest.py. It wires things together and holds no onboarding logic:
+that lives in harness.pipeline and harness.steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+import pytest
+
+from harness.errors import HarnessError
+
+T = TypeVar("T")
+SESSION_KEY = pytest.StashKey["HarnessSession"]()
+RECORD_PROPERTY = "harness_step_record"
+DEFAULT_DEVICE = "sm8650"
+
+
+class HarnessWarning(UserWarning):
+    """A caveat about a step's result (random calibration data, VTCM pressure, ...)."""
+
+
+def _input_shape(text: str) -> tuple[str, tuple[int, ...]]:
+    from harness.models import parse_input_shape
+
+    try:
+        return parse_input_shape(text)
+    except HarnessError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("snapdragon", "Snapdragon onboarding harness")
+    group.addoption("--device", action="append", default=[], metavar="ID|SOC",
+                    help=f"device id or SoC id from the devices file (repeatable; default {DEFAULT_DEVICE})")
+    group.addoption("--devices-file", default=None, metavar="PATH", help="devices file (default: ./devices.yaml)")
+    group.addoption("--model", action="append", default=[], metavar="NAME|PATH",
+                    help="built-in model name, ONNX file or model spec YAML (repeatable; default digits_cnn)")
+    group.addoption("--input-shape", action="append", default=[], type=_input_shape, metavar="NAME=D0,D1,...",
+                    help="fix an input's dims (repeatable)")
+    group.addoption("--calib-data", default=None, metavar="DIR", help="directory of .npy/.npz calibration samples")
+    group.addoption("--cache-dir", default=None, metavar="DIR",
+                    help="artifact cache (default: $HARNESS_CACHE_DIR or ~/.cache/snapdragon-harness)")
+    group.addoption("--kpi-json", default=None, metavar="PATH", help="write per-step KPI records as JSON")
+    group.addoption("--keep-device-files", action="store_true", help="leave the work directory on devices")
+
+
+def _build_session(config: pytest.Config):
+    from harness.cache import DEFAULT_CACHE_DIR, ArtifactCache
+    from harness.devices import load_devices_file
+    from harness.models import load_onnx, resolve_model
+    from harness.pipeline import Target
+    from harness.session import DevicePool, HarnessSession
+
+    opt = config.option
+    devices_file = opt.devices_file
+    if devices_file is None and (Path(config.rootpath) / "devices.yaml").is_file():
+        devices_file = Path(config.rootpath) / "devices.yaml"
+    devices = load_devices_file(devices_file)
+    selected = devices.select(opt.device or [os.environ.get("HARNESS_DEVICE", DEFAULT_DEVICE)])
+    shapes = dict(opt.input_shape)
+    calib = Path(opt.calib_data).expanduser() if opt.calib_data else None
+    models = [resolve_model(m, shapes, calib) for m in (opt.model or ["digits_cnn"])]
+    for m in models:
+        if m.path is not None:
+            load_onnx(m.path)
+    names = [m.name for m in models]
+    if len(set(names)) != len(names):
+        raise HarnessError(f"two --model values share the name {sorted({n for n in names if names.count(n) > 1})}")
+    cache_root = Path(opt.cache_dir or os.environ.get("HARNESS_CACHE_DIR") or DEFAULT_CACHE_DIR).expanduser()
+    cache = ArtifactCache(cache_root)
+    targets = [Target(d, devices.soc(d.soc), m) for d in selected for m in models]
+    return HarnessSession(devices=devices, targets=targets, cache=cache,
+                          pool=DevicePool(cache, keep_files=opt.keep_device_files),
+                          kpi_json=Path(opt.kpi_json) if opt.kpi_json else None)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "step(name): the onboarding step a suite test checks")
+    try:
+        config.stash[SESSION_KEY] = _build_session(config)
+    except HarnessError as e:
+        raise pytest.UsageError(str(e)) from None
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    session = config.stash.get(SESSION_KEY, None)
+    if session is not None:
+        session.pool.close()
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "target" in metafunc.fixturenames:
+        targets = metafunc.config.stash[SESSION_KEY].targets
+        metafunc.parametrize("target", targets, ids=[t.id for t in targets], scope="session", indirect=True)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()
+    marker = item.get_closest_marker("step")
+    callspec = getattr(item, "callspec", None)
+    if marker is None or callspec is None or "target" not in callspec.params:
+        return
+    if report.when == "call" or (report.when == "setup" and not report.passed):
+        target = callspec.params["target"]
+        state = "error" if report.when == "setup" and report.failed else report.outcome
+        message = ""
+        if report.skipped and isinstance(report.longrepr, tuple):
+            message = str(report.longrepr[2])
+        elif report.failed:
+            message = str(getattr(report.longrepr, "reprcrash", None) and report.longrepr.reprcrash.message
+                          or report.longreprtext.splitlines()[-1:] or "")
+        report.user_properties.append((RECORD_PROPERTY, {
+            "device": target.device.id, "soc": target.soc.id, "model": target.model.name,
+            "step": marker.args[0], "outcome": state, "kpis": item.stash.get(_KPIS_KEY, {}),
+            "message": message}))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    config = getattr(report, "_harness_config", None)
+    for name, value in report.user_properties:
+        if name == RECORD_PROPERTY:
+            _PENDING.append(value)
+
+
+_PENDING: list[dict] = []
+_KPIS_KEY = pytest.StashKey[dict]()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    from harness.session import StepRecord
+
+    if hasattr(session.config, "workerinput"):
+        return
+    hs = session.config.stash.get(SESSION_KEY, None)
+    if hs is None:
+        return
+    hs.records = [StepRecord(**r) for r in _PENDING]
+    _PENDING.clear()
+    hs.write_kpi_json()
+
+
+@dataclass
+class Outcome(Generic[T]):
+    """A step's result for one target, or the HarnessError message that stopped it."""
+
+    step: str
+    value: T | None = None
+    error: str | None = None
+
+    def require(self) -> T:
+        """Return the value for a dependent step, skipping that step when this one did not pass."""
+        if self.error is not None:
+            pytest.skip(f"prerequisite step '{self.step}' failed: {self.error}")
+        problems = getattr(self.value, "problems", lambda: [])()
+        if problems:
+            pytest.skip(f"prerequisite step '{self.step}' did not pass: {problems[0]}")
+        return self.value
+
+
+def _outcome(step: str, compute) -> Outcome:
+    try:
+        return Outcome(step, value=compute())
+    except HarnessError as e:
+        return Outcome(step, error=str(e))
+
+
+@pytest.fixture(scope="session")
+def harness_session(pytestconfig: pytest.Config):
+    """The run's HarnessSession: devices file, targets, cache and device pool."""
+    return pytestconfig.stash[SESSION_KEY]
+
+
+@pytest.fixture(scope="session")
+def target(request: pytest.FixtureRequest):
+    """The device × model under test (parametrized from --device and --model)."""
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def onboarding(target, harness_session):
+    """The Onboarding pipeline for this target: memoised artifacts and step reports."""
+    from harness.pipeline import Onboarding
+
+    try:
+        runner = harness_session.pool.runner(target.device, harness_session.devices)
+    except HarnessError as e:
+        pytest.fail(f"device {target.device.id}: {e}", pytrace=False)
+    return Onboarding(target, runner, harness_session.cache)
+
+
+@pytest.fixture(scope="session")
+def feasibility(onboarding) -> Outcome:
+    """Step 1 outcome."""
+    return _outcome("feasibility", onboarding.feasibility)
+
+
+@pytest.fixture(scope="session")
+def conversion(onboarding) -> Outcome:
+    """Step 2 outcome."""
+    return _outcome("conversion", onboarding.conversion)
+
+
+@pytest.fixture(scope="session")
+def float_baseline(onboarding, conversion) -> Outcome:
+    """Step 3 stage 1 outcome (needs conversion)."""
+    conversion.require()
+    return _outcome("float_baseline", onboarding.float_baseline)
+
+
+@pytest.fixture(scope="session")
+def ptq(onboarding, feasibility, conversion) -> Outcome:
+    """Step 3 stage 2 outcome (needs feasibility and conversion)."""
+    feasibility.require()
+    conversion.require()
+    return _outcome("ptq", onboarding.ptq)
+
+
+@pytest.fixture(autouse=True)
+def _harness_labels(request: pytest.FixtureRequest) -> None:
+    callspec = getattr(request.node, "callspec", None)
+    if callspec is not None and "target" in callspec.params:
+        from harness.reporting import label_target
+
+        t = callspec.params["target"]
+        label_target(t.device.id, t.soc.id, t.soc.name, t.model.name)
+
+
+@pytest.fixture
+def check(request: pytest.FixtureRequest):
+    """check(outcome) -> StepReport: record KPIs, attach to Allure, fail on any broken limit."""
+    from harness.reporting import attach_report
+    from harness.session import json_safe
+
+    def _check(outcome: Outcome) -> Any:
+        if outcome.error is not None:
+            pytest.fail(f"{outcome.step}: {outcome.error}", pytrace=False)
+        report = outcome.value
+        request.node.stash[_KPIS_KEY] = json_safe(report.kpis)
+        attach_report(report)
+        for note in report.notes:
+            warnings.warn(HarnessWarning(f"{outcome.step}: {note}"), stacklevel=2)
+        problems = report.problems()
+        if problems:
+            pytest.fail(f"{outcome.step} did not pass:\n  " + "\n  ".join(problems), pytrace=False)
+        return report
+
+    return _check

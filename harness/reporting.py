@@ -1,0 +1,53 @@
+"""Allure output for step reports: parameters, KPI attachments, tables as CSV, verdicts as steps.
+
+allure-pytest's API is a no-op unless pytest runs with --alluredir, so this is always safe to call.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from typing import Any
+
+import allure
+
+from harness.session import json_safe
+from harness.steps.report import StepReport
+
+
+def table_csv(rows: list[dict[str, Any]]) -> str:
+    """Return rows (dicts with the same keys) as CSV text."""
+    if not rows:
+        return ""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+def label_target(device: str, soc: str, soc_name: str, model: str) -> None:
+    """Set the Allure parameters that identify a device × model test."""
+    allure.dynamic.parameter("device", device)
+    allure.dynamic.parameter("soc", f"{soc} ({soc_name})")
+    allure.dynamic.parameter("model", model)
+    allure.dynamic.tag(soc)
+
+
+def attach_report(report: StepReport) -> None:
+    """Record a step report in Allure: an Allure step per verdict, KPIs as JSON, tables as CSV."""
+    with allure.step(f"onboarding step: {report.step}"):
+        allure.attach(json.dumps(json_safe(report.kpis), indent=2), name=f"{report.step} KPIs",
+                      attachment_type=allure.attachment_type.JSON)
+        for name, rows in report.tables.items():
+            allure.attach(table_csv(rows), name=f"{report.step} {name}", attachment_type=allure.attachment_type.CSV)
+        for verdict in report.verdicts:
+            with allure.step(str(verdict)):
+                pass
+        for failure in report.failures:
+            with allure.step(f"FAIL: {failure}"):
+                pass
+        for note in report.notes:
+            with allure.step(f"note: {note}"):
+                pass

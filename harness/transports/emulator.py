@@ -1,0 +1,98 @@
+"""The local emulator backend: a sandbox directory stands for the device's filesystem.
+
+The device-side runner is executed as a separate process inside the sandbox, exactly as it is
+over adb or SSH; only the wire differs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path, PurePosixPath
+
+from harness.errors import DeviceTimeoutError, TransportError
+from harness.transports.base import CommandResult, Transport, sha256_file
+
+
+class EmulatorTransport(Transport):
+    """A device whose filesystem is a local directory and whose CPU is the host's."""
+
+    def __init__(self, device, soc, sandbox_root: Path) -> None:
+        super().__init__(device, soc)
+        root = Path(device.sandbox).expanduser() if device.sandbox else Path(sandbox_root) / device.id
+        self.root = root.resolve()
+        self.workdir = self.root / "data" / "local" / "tmp" / "harness"
+        self.workdir.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def python(self) -> list[str]:
+        return [sys.executable]
+
+    def _local(self, remote: str) -> Path:
+        rel = PurePosixPath(remote)
+        if rel.is_absolute() or ".." in rel.parts:
+            raise TransportError(f"remote path '{remote}' must be relative to the work directory "
+                                 "and must not contain '..'", device=self.device_id)
+        return self.workdir / rel
+
+    def run(self, argv: list[str], timeout_s: float, cwd: str = ".") -> CommandResult:
+        env = {**os.environ, "HARNESS_DEVICE_ID": self.device_id, "HARNESS_SOC": self.soc.id}
+        start = time.monotonic()
+        try:
+            proc = subprocess.run(argv, cwd=self._local(cwd), capture_output=True, text=True,
+                                  timeout=timeout_s, env=env, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired as e:
+            raise DeviceTimeoutError(f"command timed out after {timeout_s:g} s: {argv[:3]}...",
+                                     device=self.device_id, argv=argv,
+                                     stderr=(e.stderr or b"").decode(errors="replace")
+                                     if isinstance(e.stderr, bytes) else (e.stderr or "")) from None
+        except OSError as e:
+            raise TransportError(f"cannot start {argv[0]}: {e.strerror}", device=self.device_id,
+                                 argv=argv) from None
+        return CommandResult(argv, proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start)
+
+    def _push_file(self, local: Path, remote: str) -> None:
+        dst = self._local(remote)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.with_name(dst.name + ".part")
+        shutil.copyfile(local, tmp)
+        os.replace(tmp, dst)
+
+    def pull(self, remote: str, local: Path) -> None:
+        src = self._local(remote)
+        if not src.exists():
+            raise TransportError(f"no such file on device: {remote}", device=self.device_id)
+        local = Path(local)
+        if src.is_dir():
+            shutil.copytree(src, local, dirs_exist_ok=True, copy_function=_link_or_copy)
+        else:
+            local.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, local)
+
+    def sha256(self, remote: str) -> str | None:
+        p = self._local(remote)
+        return sha256_file(p) if p.is_file() else None
+
+    def cleanup(self) -> None:
+        """Remove finished jobs; pushed models and data stay, as the sandbox lives in the cache."""
+        self.remove("jobs")
+
+    def remove(self, remote: str) -> None:
+        p = self._local(remote)
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        elif p.exists():
+            p.unlink()
+        if remote == ".":
+            self.workdir.mkdir(parents=True, exist_ok=True)
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    """Hard-link src to dst (the sandbox is local), copying when linking is not possible."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
