@@ -17,6 +17,9 @@ import pytest
 
 from harness.errors import HarnessError
 
+# Fixtures and options of the later onboarding steps live in sibling modules, one per area.
+pytest_plugins: list[str] = []
+
 T = TypeVar("T")
 SESSION_KEY = pytest.StashKey["HarnessSession"]()
 RECORD_PROPERTY = "harness_step_record"
@@ -126,7 +129,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    config = getattr(report, "_harness_config", None)
     for name, value in report.user_properties:
         if name == RECORD_PROPERTY:
             _PENDING.append(value)
