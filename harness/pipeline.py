@@ -98,6 +98,10 @@ class Onboarding:
         """The QDQ model from PTQ with the default recipe."""
         return ptq.quantize(self.converted_model(), self.dataset().calibration, self.recipe, self.cache)
 
+    def deployable_model(self) -> Path:
+        """The quantized model that ships to the device (compiled, profiled, integrated)."""
+        return self.qdq_model()
+
     @memoized
     def feasibility(self) -> StepReport:
         """Step 1 report."""
