@@ -1,3 +1,3 @@
-"""Loads the harness's pytest plugin for the suites and the harness's own tests."""
+"""Loads the harness's pytest plugin for the suites, and pytester for the harness's own tests."""
 
-pytest_plugins = ["harness.plugin"]
+pytest_plugins = ["harness.plugin", "pytester"]

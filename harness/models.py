@@ -164,12 +164,14 @@ def fix_input_shapes(model: "onnx.ModelProto", shapes: dict[str, tuple[int, ...]
                                      f"{[x.dim_value or x.dim_param for x in dims]}, --input-shape gives {list(want)}")
                 d.Clear()
                 d.dim_value = value
-        for pos, d in enumerate(dims):
-            if not d.HasField("dim_value") or d.dim_value <= 0:
-                label = f"'{d.dim_param}'" if d.dim_param else "unnamed"
-                current = ",".join(str(x.dim_value) if x.HasField("dim_value") else "?" for x in dims)
-                raise ModelError(f"{source}: input '{inp.name}' dim {pos} ({label}) is dynamic; the HTP needs "
-                                 f"static shapes: pass --input-shape {inp.name}={current.replace('?', 'N')}")
+        dynamic = [(pos, d.dim_param) for pos, d in enumerate(dims)
+                   if not d.HasField("dim_value") or d.dim_value <= 0]
+        if dynamic:
+            which = ", ".join(f"{pos} ('{param}')" if param else f"{pos}" for pos, param in dynamic)
+            example = ",".join(str(x.dim_value) if x.HasField("dim_value") and x.dim_value > 0 else "N"
+                               for x in dims)
+            raise ModelError(f"{source}: input '{inp.name}' has dynamic dim(s) {which}; the HTP needs static "
+                             f"shapes: pass --input-shape {inp.name}={example} with N replaced by sizes")
     del fixed.graph.value_info[:]
     for out in fixed.graph.output:
         for d in out.type.tensor_type.shape.dim:

@@ -81,28 +81,49 @@ def _build_session(config: pytest.Config):
     cache = ArtifactCache(cache_root)
     targets = [Target(d, devices.soc(d.soc), m) for d in selected for m in models]
     return HarnessSession(devices=devices, targets=targets, cache=cache,
-                          pool=DevicePool(cache, keep_files=opt.keep_device_files),
+                          # xdist workers share devices: the controller cleans up once they are done
+                          pool=DevicePool(cache, keep_files=opt.keep_device_files or _is_xdist_worker(config)),
                           kpi_json=Path(opt.kpi_json) if opt.kpi_json else None)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "step(name): the onboarding step a suite test checks")
     try:
-        config.stash[SESSION_KEY] = _build_session(config)
+        session = _build_session(config)
     except HarnessError as e:
         raise pytest.UsageError(str(e)) from None
+    config.stash[SESSION_KEY] = session
+    config.pluginmanager.register(_RecordCollector(session), "harness-records")
+
+
+def _is_xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     session = config.stash.get(SESSION_KEY, None)
-    if session is not None:
-        session.pool.close()
+    if session is None:
+        return
+    if getattr(config.option, "numprocesses", None) and not _is_xdist_worker(config):
+        if not config.option.keep_device_files:
+            for t in session.targets:  # connect, so that close() cleans what the workers left
+                session.pool.runner(t.device, session.devices)
+    session.pool.close()
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "target" in metafunc.fixturenames:
         targets = metafunc.config.stash[SESSION_KEY].targets
         metafunc.parametrize("target", targets, ids=[t.id for t in targets], scope="session", indirect=True)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Under pytest-xdist's --dist loadgroup, keep each device x model on one worker, so its
+    # artifacts are built once and its steps run in order.
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and "target" in callspec.params:
+            item.add_marker(pytest.mark.xdist_group(callspec.params["target"].id))
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -128,27 +149,25 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
             "message": message}))
 
 
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    for name, value in report.user_properties:
-        if name == RECORD_PROPERTY:
-            _PENDING.append(value)
-
-
-_PENDING: list[dict] = []
 _KPIS_KEY = pytest.StashKey[dict]()
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    from harness.session import StepRecord
+class _RecordCollector:
+    """Collects step records from test reports (they arrive from xdist workers the same way)."""
 
-    if hasattr(session.config, "workerinput"):
-        return
-    hs = session.config.stash.get(SESSION_KEY, None)
-    if hs is None:
-        return
-    hs.records = [StepRecord(**r) for r in _PENDING]
-    _PENDING.clear()
-    hs.write_kpi_json()
+    def __init__(self, session) -> None:
+        self.session = session
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        from harness.session import StepRecord
+
+        for name, value in report.user_properties:
+            if name == RECORD_PROPERTY:
+                self.session.records.append(StepRecord(**value))
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if not hasattr(session.config, "workerinput"):
+            self.session.write_kpi_json()
 
 
 @dataclass

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -57,11 +59,28 @@ def quantize(model: Path, calibration: list[Feed], recipe: QuantRecipe, cache: A
                 activation_type=QuantType[recipe.activation_type], weight_type=QuantType[recipe.weight_type],
                 per_channel=recipe.per_channel, activation_symmetric=recipe.activation_symmetric,
                 weight_symmetric=recipe.weight_symmetric, init_overrides=recipe.tensor_overrides or None)
-            ort_quantize(str(model), str(out / "model.onnx"), config)
+            with _quiet_preprocess_hint():
+                ort_quantize(str(model), str(out / "model.onnx"), config)
         except Exception as e:
             raise StepError(f"quantizing {model.name} with {recipe.name} failed: {type(e).__name__}: {e}") from None
 
     return cache.entry("qdq", key, build).path / "model.onnx"
+
+
+@contextlib.contextmanager
+def _quiet_preprocess_hint():
+    """Drop onnxruntime's 'consider pre-processing' hint: conversion already ran QNN preprocessing."""
+    class _Drop(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            return "pre-process" not in record.getMessage()
+
+    drop = _Drop()
+    root = logging.getLogger()
+    root.addFilter(drop)
+    try:
+        yield
+    finally:
+        root.removeFilter(drop)
 
 
 def compare_quantized(outputs: list[Feed], reference: list[Feed], dataset: Dataset,

@@ -1,0 +1,40 @@
+"""Fixtures shared by the harness's own tests: a session cache, an emulated device, small models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.cache import ArtifactCache
+from harness.devices import load_devices_file
+from harness.runner.client import DeviceRunner
+from harness.transports import open_transport
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def session_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One artifact cache for the whole test session, so the zoo model is trained once."""
+    return tmp_path_factory.mktemp("harness-cache")
+
+
+@pytest.fixture(scope="session")
+def cache(session_cache_dir: Path) -> ArtifactCache:
+    return ArtifactCache(session_cache_dir)
+
+
+@pytest.fixture(scope="session")
+def devices():
+    return load_devices_file(REPO / "devices.yaml")
+
+
+@pytest.fixture(scope="session")
+def sm8650_runner(devices, tmp_path_factory: pytest.TempPathFactory) -> DeviceRunner:
+    """A DeviceRunner on the emulated sm8650 device (the real HTP simulator)."""
+    dev = devices.select(["sm8650-emu"])[0]
+    transport = open_transport(dev, devices.soc(dev.soc), tmp_path_factory.mktemp("emulator"))
+    yield DeviceRunner(transport)
+    transport.close()

@@ -1,0 +1,132 @@
+"""The pytest plugin end to end: the real suites run through pytester on the emulated device."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from model_builders import conv_classifier, shared_dim_param, with_unsupported_op
+
+SUITES = Path(__file__).resolve().parent.parent / "suites"
+
+
+@pytest.fixture
+def run_suites(pytester: pytest.Pytester, session_cache_dir: Path):
+    """Run the repository's suites in a subprocess with a shared cache; return (result, kpi records)."""
+    def _run(*args: str):
+        kpi = pytester.path / "kpi.json"
+        result = pytester.runpytest_subprocess(str(SUITES), "--cache-dir", str(session_cache_dir),
+                                               "--kpi-json", str(kpi), "-p", "no:cacheprovider", "-rA", *args)
+        records = json.loads(kpi.read_text())["records"] if kpi.exists() else []
+        return result, records
+    return _run
+
+
+def by_step(records):
+    return {r["step"]: r for r in records}
+
+
+def test_default_run_onboards_the_zoo_model_and_writes_kpis(run_suites):
+    result, records = run_suites("--device", "sm8650")
+    result.assert_outcomes(passed=4)
+    steps = by_step(records)
+    assert list(steps) == ["feasibility", "conversion", "float_baseline", "ptq"]
+    assert all((r["device"], r["soc"], r["model"], r["outcome"]) == ("sm8650-emu", "sm8650", "digits_cnn", "passed")
+               for r in records)
+    feas, ptq = steps["feasibility"]["kpis"], steps["ptq"]["kpis"]
+    assert feas["nodes_total"] == feas["nodes_on_htp"] == 8 and feas["unsupported_ops"] == []
+    assert ptq["runtime"] == "htp" and ptq["task_metric_name"] == "top1_accuracy"
+    assert ptq["float_task_metric"] >= 0.95 and ptq["task_metric"] >= ptq["float_task_metric"] - 0.02
+    assert ptq["cosine_similarity"] > 0.98 and ptq["sqnr_db"] > 15
+
+    again, records = run_suites("--device", "sm8650")
+    again.assert_outcomes(passed=4)
+    assert by_step(records)["conversion"]["kpis"]["cache_hit"] is True
+
+
+def test_user_model_with_input_shape_on_two_socs(run_suites, pytester):
+    model = shared_dim_param(pytester.path / "dyn.onnx")
+    result, records = run_suites("--device", "sm8550", "--device", "sm8650-emu", "--model", str(model),
+                                 "--input-shape", "x=1,3,8,8", "--input-shape", "x2=1,3,8,8")
+    result.assert_outcomes(passed=8)
+    result.stdout.fnmatch_lines(["PASSED*test_ptq?sm8550-emu-dyn?", "PASSED*test_ptq?sm8650-emu-dyn?"])
+    ptq = [r for r in records if r["step"] == "ptq"]
+    assert {r["soc"] for r in ptq} == {"sm8550", "sm8650"}
+    assert all(r["kpis"]["task_metric_name"] == "cosine_similarity" for r in ptq)
+    result.stdout.fnmatch_lines(["*HarnessWarning: *random data*"])
+
+
+def test_unsupported_op_fails_feasibility_and_skips_ptq(run_suites, pytester):
+    model = with_unsupported_op(pytester.path / "det.onnx")
+    result, records = run_suites("--model", str(model))
+    result.assert_outcomes(failed=1, passed=2, skipped=1)
+    result.stdout.fnmatch_lines(["*1 node(s) cannot run on the Snapdragon 8 Gen 3 HTP (v75): det1 (Det)*",
+                                 "SKIPPED*prerequisite step 'feasibility' did not pass*det1 (Det)*"])
+    steps = by_step(records)
+    assert steps["feasibility"]["outcome"] == "failed"
+    assert steps["feasibility"]["kpis"]["unsupported_ops"] == ["Det"]
+    assert steps["ptq"]["outcome"] == "skipped" and "feasibility" in steps["ptq"]["message"]
+
+
+def test_unfixed_dynamic_dim_fails_conversion_and_skips_dependents(run_suites, pytester, session_cache_dir):
+    model = shared_dim_param(pytester.path / "dyn.onnx")
+    result, records = run_suites("--model", str(model))
+    result.assert_outcomes(failed=2, skipped=2)
+    result.stdout.fnmatch_lines(["*input 'x' has dynamic dim(s) 0 ('?'), 2 ('?'), 3 ('?')*--input-shape x=N,3,N,N*",
+                                 "SKIPPED*prerequisite step 'conversion' failed*"])
+    assert "Traceback" not in result.stdout.str()
+    assert not list(session_cache_dir.rglob(".tmp-*")), "a failed step left a half-written artifact"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--device", "sm9999"], "*unknown device 'sm9999'*known device ids: *sm8650-emu*known SoCs: *sm8650*"),
+    (["--model", "/nonexistent/model.onnx"], "*model '/nonexistent/model.onnx': no such file*"),
+    (["--input-shape", "input=1,x"], "*--input-shape 'input=1,x': expected NAME=D0,D1,...*"),
+], ids=["unknown-device", "missing-model", "bad-shape"])
+def test_usage_errors_exit_4_with_a_clear_message(run_suites, args, message):
+    result, _ = run_suites(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([message])
+    assert "Traceback" not in result.stderr.str()
+
+
+def test_not_onnx_and_malformed_devices_file(run_suites, pytester):
+    junk = pytester.path / "junk.onnx"
+    junk.write_text("not a model")
+    result, _ = run_suites("--model", str(junk))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*junk.onnx is not an ONNX model*"])
+    devices = pytester.path / "devices.yaml"
+    devices.write_text("socs: {}\ndevices:\n  - {id: x, soc: sm8650, transport: emulator, colour: red}\n")
+    result, _ = run_suites("--devices-file", str(devices))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{devices}: invalid devices file*", "*devices.0.emulator.colour: unknown key*"])
+
+
+def test_allure_results_carry_parameters_steps_and_attachments(run_suites, pytester):
+    model = conv_classifier(pytester.path / "clf.onnx")
+    alluredir = pytester.path / "allure"
+    result, _ = run_suites("--model", str(model), "--alluredir", str(alluredir))
+    result.assert_outcomes(passed=4)
+    results = [json.loads(p.read_text()) for p in alluredir.glob("*-result.json")]
+    ptq = next(r for r in results if r["name"].startswith("test_ptq"))
+    params = {p["name"]: p["value"] for p in ptq["parameters"]}
+    assert params["device"] == "'sm8650-emu'" or params["device"] == "sm8650-emu"
+    assert "sm8650" in params["soc"] and "clf" in params["model"]
+    step = ptq["steps"][0]
+    assert step["name"] == "onboarding step: ptq"
+    assert any(a["name"] == "ptq KPIs" for a in step["attachments"])
+    assert any(s["name"].startswith("PASS: cosine_similarity") for s in step["steps"])
+    feas = next(r for r in results if r["name"].startswith("test_feasibility"))
+    table = next(a for a in feas["steps"][0]["attachments"] if a["name"] == "feasibility op_placement")
+    assert (alluredir / table["source"]).read_text().startswith("node,op_type,placement")
+
+
+def test_xdist_keeps_each_target_on_one_worker(run_suites, pytester):
+    model = conv_classifier(pytester.path / "clf.onnx")
+    result, records = run_suites("--model", str(model), "--model", "digits_cnn", "-n", "2", "--dist", "loadgroup")
+    result.assert_outcomes(passed=8)
+    assert sorted((r["model"], r["step"]) for r in records) == sorted(
+        (m, s) for m in ("clf", "digits_cnn") for s in ("feasibility", "conversion", "float_baseline", "ptq"))
