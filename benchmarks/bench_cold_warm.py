@@ -1,0 +1,51 @@
+"""Cold vs warm run of the default suite (`pytest suites/ --device sm8650`), side by side.
+
+Cold: an empty artifact cache (the zoo model is trained, the model converted and quantized,
+inputs staged on the emulated device). Warm: the same cache again, so only the device runs
+and the checks repeat. Prints both wall times and the ratio; the target is warm >= 3x faster.
+
+    python benchmarks/bench_cold_warm.py [--rounds N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_suite(cache_dir: Path) -> float:
+    """Return the wall time of one default suite run with cache_dir; raise if it did not pass."""
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "pytest", "suites/", "--device", "sm8650", "-q",
+                           "-p", "no:cacheprovider", "--cache-dir", str(cache_dir)],
+                          cwd=REPO, capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"suite failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}")
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3, help="cold/warm pairs to run (default 3)")
+    args = parser.parse_args()
+    cold, warm = [], []
+    for i in range(args.rounds):
+        with tempfile.TemporaryDirectory(prefix="bench-cache-") as tmp:
+            cold.append(run_suite(Path(tmp)))
+            warm.append(run_suite(Path(tmp)))
+        print(f"round {i + 1}: cold {cold[-1]:6.2f} s   warm {warm[-1]:6.2f} s   ratio {cold[-1] / warm[-1]:4.1f}x")
+    c, w = statistics.median(cold), statistics.median(warm)
+    print(f"median: cold {c:.2f} s, warm {w:.2f} s, warm run is {c / w:.1f}x faster (target >= 3x; "
+          f"cold target < 120 s)")
+
+
+if __name__ == "__main__":
+    main()
