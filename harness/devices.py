@@ -18,6 +18,22 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class SocThermal(_Strict):
+    """Parameters of the emulator's thermal and power model of a SoC (a model, not measurements).
+
+    See harness/emulator/thermal.py: idle/load power drive two first-order RC nodes (die, skin).
+    """
+
+    ambient_c: float = 25.0
+    idle_power_w: float = Field(0.9, ge=0)
+    load_power_w: float = Field(5.0, ge=0)
+    r_die_c_per_w: float = Field(9.0, gt=0, description="die-to-ambient thermal resistance, °C/W")
+    c_die_j_per_c: float = Field(2.2, gt=0, description="die heat capacity, J/°C")
+    r_skin_c_per_w: float = Field(5.0, gt=0)
+    c_skin_j_per_c: float = Field(36.0, gt=0)
+    battery_voltage_v: float = Field(3.87, gt=0)
+
+
 class SocSpec(_Strict):
     """One Snapdragon part: what the QNN HTP backend needs to target it."""
 
@@ -26,6 +42,10 @@ class SocSpec(_Strict):
     htp_arch: int = Field(ge=68, description="Hexagon HTP version, e.g. 75 for v75")
     vtcm_mb: float = Field(gt=0)
     board_platform: str
+    int8_tops: float | None = Field(None, gt=0, description="NPU peak INT8 throughput, TOPS (for the latency estimate)")
+    ddr_bandwidth_gbps: float | None = Field(None, gt=0, description="peak DRAM bandwidth, GB/s (for the estimate)")
+    perf_source: str | None = Field(None, description="where int8_tops/ddr_bandwidth_gbps come from; which are estimates")
+    thermal: SocThermal | None = Field(None, description="emulator thermal/power model parameters (not measurements)")
     id: str = ""
 
     @property
@@ -34,9 +54,24 @@ class SocSpec(_Strict):
         return int(self.vtcm_mb * 1024 * 1024)
 
 
+class TelemetrySettings(_Strict):
+    """Where a device exposes temperatures and power (device paths), and whether to sample them.
+
+    thermal_dir holds thermal_zone*/type and temp (millidegrees C); power_supply holds current_now
+    (µA) and voltage_now (µV). power_supply defaults to /sys/class/power_supply/battery on Android
+    devices (adb, emulator) and to none on Linux boards (ssh), which are usually mains-powered.
+    """
+
+    enabled: bool = True
+    thermal_dir: str = "/sys/class/thermal"
+    power_supply: str | None = None
+    power: bool = Field(True, description="false: do not read power even where a default path exists")
+
+
 class _DeviceBase(_Strict):
     id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")
     soc: str
+    telemetry: TelemetrySettings = TelemetrySettings()
 
 
 class EmulatorDevice(_DeviceBase):
@@ -52,10 +87,11 @@ class AdbDevice(_DeviceBase):
     transport: Literal["adb"]
     serial: str
     adb_host: str = "127.0.0.1"
-    adb_port: int = 5037
-    workdir: str = "/data/local/tmp/harness"
+    adb_port: int | None = Field(None, description="adb server port (default: $ANDROID_ADB_SERVER_PORT or 5037)")
+    workdir: str = Field("/data/local/tmp/harness", pattern=r"^/data/local/tmp/[^/].*")
     python: str | None = None
     qairt_sdk: str | None = None
+    soc_detect: Literal["auto", "require", "off"] = "auto"
 
 
 class SshDevice(_DeviceBase):
@@ -70,6 +106,8 @@ class SshDevice(_DeviceBase):
     trust_on_first_use: bool = False
     python: str = "python3"
     workdir: str = "/tmp/harness"
+    soc_detect: Literal["auto", "require", "off"] = Field(
+        "auto", description="auto: a reported SoC must match, an unreported one warns; require: must report; off")
 
 
 DeviceSpec = Annotated[Union[EmulatorDevice, AdbDevice, SshDevice], Field(discriminator="transport")]

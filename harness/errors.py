@@ -47,5 +47,25 @@ class RunnerError(TransportError):
     """The device-side runner failed (model did not load, inputs malformed, ...)."""
 
 
+class TransientTransportError(TransportError):
+    """A connection-level failure that may go away when retried (connection reset, device offline)."""
+
+
+class DeviceLostError(TransportError):
+    """The device disconnected or stopped answering; it is taken out of the session."""
+
+
+class HostKeyError(TransportError):
+    """An SSH host key is unknown or has changed; the message says how to trust it."""
+
+
+class SocMismatchError(ConfigError):
+    """The device reports a different SoC than its devices.yaml entry says."""
+
+
 class StepError(HarnessError):
     """An onboarding step could not produce its artifact."""
+
+
+class ContextMismatchError(HarnessError):
+    """A context binary was compiled for another SoC than the device it was about to run on."""

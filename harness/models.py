@@ -30,6 +30,9 @@ class Thresholds(BaseModel):
     float_rtol: float = Field(1e-3, ge=0, description="device float run vs host reference, relative")
     memory_budget_mb: float = Field(256.0, gt=0, description="weights plus the largest activation")
     min_htp_fraction: float = Field(1.0, ge=0, le=1, description="share of nodes the HTP must run")
+    latency_budget_ms: float | None = Field(None, gt=0, allow_inf_nan=False, strict=True,
+                                            description="on-device latency budget (profile step), ms")
+    max_promoted_tensors: int = Field(8, ge=0, description="most activations mixed precision may promote to 16-bit")
 
 
 class _SpecFile(BaseModel):
@@ -90,6 +93,16 @@ def _name_from_path(path: Path) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", path.stem)
 
 
+def _spec_model_name(data: object, spec_path: Path) -> str:
+    """The model a (possibly invalid) spec describes: its name, else its model file's stem."""
+    if isinstance(data, dict):
+        if data.get("name"):
+            return str(data["name"])
+        if data.get("path"):
+            return _name_from_path(Path(str(data["path"])))
+    return _name_from_path(spec_path)
+
+
 def _load_spec_file(path: Path, input_shapes: dict[str, tuple[int, ...]], calib_data: Path | None) -> ModelSpec:
     try:
         data = yaml.safe_load(path.read_text())
@@ -100,7 +113,7 @@ def _load_spec_file(path: Path, input_shapes: dict[str, tuple[int, ...]], calib_
         raise ConfigError(f"model spec {path}: not valid YAML: {e}") from None
     except ValidationError as e:
         where = "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
-        raise ConfigError(f"model spec {path}: {where}") from None
+        raise ConfigError(f"model spec {path}: {where} (model '{_spec_model_name(data, path)}')") from None
     model_path = (path.parent / spec.path).resolve()
     if not model_path.exists():
         raise ModelError(f"model spec {path}: path '{spec.path}' does not exist ({model_path})")

@@ -7,17 +7,21 @@ can ask for what it needs without knowing whether another step already built it.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, TypeVar
 
 from harness.cache import ArtifactCache
 from harness.data import Dataset, Feed
 from harness.devices import DeviceSpec, SocSpec
+from harness.encodings import exported_encodings
+from harness.errors import HarnessError, StepError
 from harness.model_sources import dataset_for, source_model
 from harness.models import ModelSpec
 from harness.runner.client import DeviceRunner
-from harness.steps import conversion, feasibility, float_baseline, ptq
+from harness.steps import context_binary, conversion, feasibility, float_baseline, profile, ptq, runtime
+from harness.steps import error_isolation, mixed_precision, sweep
+from harness.steps.context_binary import ContextBinary
 from harness.steps.inference import host_reference
 from harness.steps.report import StepReport
 
@@ -63,6 +67,7 @@ class Onboarding:
         self.runner = runner
         self.cache = cache
         self.recipe = ptq.QuantRecipe()
+        self.accuracy = sweep.AccuracyOptions()
         self._memo: dict[str, tuple[bool, object]] = {}
 
     @property
@@ -99,8 +104,26 @@ class Onboarding:
         return ptq.quantize(self.converted_model(), self.dataset().calibration, self.recipe, self.cache)
 
     def deployable_model(self) -> Path:
-        """The quantized model that ships to the device (compiled, profiled, integrated)."""
-        return self.qdq_model()
+        """The quantized model that ships to the device (compiled, profiled, integrated): PTQ's, or the
+        mixed-precision model when PTQ missed its KPI and mixed precision met it."""
+        return self._final_model()
+
+    def _final_model(self, mixed: StepReport | None = None) -> Path:
+        if self.ptq().passed:
+            return self.qdq_model()
+        try:
+            mixed = mixed or self.mixed_precision()
+        except HarnessError:  # reported by the mixed_precision step itself; PTQ's model stays deployable
+            return self.qdq_model()
+        return mixed.artifacts["model"] if mixed.kpis.get("met_threshold") else self.qdq_model()
+
+    def configure_accuracy(self, options: sweep.AccuracyOptions) -> None:
+        """Apply the accuracy-recovery options (--sweep, --quantization-overrides) before any quantization."""
+        if "qdq_model" in self._memo:
+            raise StepError("accuracy options must be set before the model is quantized")
+        self.accuracy = options
+        if options.encodings:
+            self.recipe = replace(self.recipe, encodings=options.encodings, encodings_file=options.encodings_file)
 
     @memoized
     def feasibility(self) -> StepReport:
@@ -123,3 +146,72 @@ class Onboarding:
         """Step 3 stage 2 report."""
         return ptq.ptq(self.qdq_model(), self.recipe, self.dataset(), self.float_reference(), self.runner,
                        self.thresholds)
+
+    @memoized
+    def error_isolation(self) -> StepReport:
+        """Step 3 stage 3 report: layer-by-layer float vs quantized, host QDQ emulation and device HTP."""
+        return error_isolation.isolate_errors(self.converted_model(), self.qdq_model(), self.dataset(),
+                                              self.runner, self.ptq(), self.cache,
+                                              samples=self.accuracy.error_isolation_samples)
+
+    @memoized
+    def sweep_result(self) -> tuple[StepReport, list[sweep.Candidate]]:
+        """Step 3 stage 4: the sweep report and its ranked candidates (needs --sweep quick|full)."""
+        if self.accuracy.sweep == "off":
+            raise StepError("the quantization sweep is off (--sweep off)")
+        return sweep.sweep(self.converted_model(), self.dataset(), self.float_reference(), self.runner,
+                           self.thresholds, self.cache, self.recipe, self.accuracy.sweep)
+
+    def sweep(self) -> StepReport:
+        """Step 3 stage 4 report."""
+        return self.sweep_result()[0]
+
+    @memoized
+    def mixed_precision(self) -> StepReport:
+        """Step 3 stage 5 report: sensitive activations promoted to 16 bits from the best 8-bit recipe
+        (the sweep's, or PTQ's with --sweep off); artifacts['encodings'] is the deployable model's QAIRT
+        overrides file."""
+        report = mixed_precision.mixed_precision(
+            self.converted_model(), self.dataset(), self.float_reference(), self.runner, self.thresholds,
+            self.cache, self._mixed_precision_start(),
+            error_isolation.ranked_promotion_units(self.error_isolation()))
+        if "model" in report.artifacts:
+            final = self._final_model(report)
+            report.artifacts["encodings"] = exported_encodings(final, self.cache)
+            report.kpis["encodings_of"] = "ptq" if final == self.qdq_model() else "mixed_precision"
+            report.kpis["encodings_file"] = str(report.artifacts["encodings"])
+        return report
+
+    def _mixed_precision_start(self) -> sweep.Candidate:
+        if self.accuracy.sweep != "off":
+            eight_bit = [c for c in self.sweep_result()[1]
+                         if c.error is None and c.recipe.activation_type in sweep.EIGHT_BIT]
+            if eight_bit:
+                return eight_bit[0]
+        report, model = self.ptq(), self.qdq_model()
+        return sweep.Candidate(self.recipe, model, {**report.kpis, "model_bytes": model.stat().st_size},
+                               meets=report.passed)
+
+    @memoized
+    def context_artifact(self) -> ContextBinary:
+        """The deployable model compiled on the host into a QNN context binary for the device's SoC (cached)."""
+        return context_binary.compile_context(self.deployable_model(), self.target.soc, self.cache,
+                                              allow_cpu_fallback=self.thresholds.min_htp_fraction < 1.0)
+
+    @memoized
+    def context_binary(self) -> StepReport:
+        """Step 4 report."""
+        return context_binary.context_binary(self.context_artifact(), self.deployable_model(), self.runner)
+
+    def profile(self, rule: "profile.MeasureRule") -> StepReport:
+        """Step 5 report, measured under rule (charts and the raw profile under the cache's runs/)."""
+        out_dir = self.cache.root / "runs" / self.target.id / "profile"
+        return profile.profile(self.context_artifact(), self.deployable_model(), self.dataset().evaluation[0],
+                               self.runner, self.target.soc, self.thresholds, rule, out_dir,
+                               label=f"{self.target.device.id} x {self.target.model.name}",
+                               placement=self.context_binary().tables.get("placement"))
+
+    @memoized
+    def runtime(self) -> StepReport:
+        """Step 6 report."""
+        return runtime.runtime(self.context_artifact(), self.dataset().evaluation, self.runner)

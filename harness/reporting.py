@@ -42,6 +42,7 @@ def attach_report(report: StepReport) -> None:
                       attachment_type=allure.attachment_type.JSON)
         for name, rows in report.tables.items():
             allure.attach(table_csv(rows), name=f"{report.step} {name}", attachment_type=allure.attachment_type.CSV)
+        attach_artifacts(report)
         for verdict in report.verdicts:
             with allure.step(str(verdict)):
                 pass
@@ -51,3 +52,14 @@ def attach_report(report: StepReport) -> None:
         for note in report.notes:
             with allure.step(f"note: {note}"):
                 pass
+
+
+_ATTACHABLE = {".png": allure.attachment_type.PNG, ".csv": allure.attachment_type.CSV}
+
+
+def attach_artifacts(report: StepReport) -> None:
+    """Attach a report's PNG and CSV artifacts (charts, raw profiles) to the current Allure test."""
+    for name, path in report.artifacts.items():
+        kind = _ATTACHABLE.get(path.suffix.lower())
+        if kind is not None and path.is_file():
+            allure.attach.file(str(path), name=f"{report.step} {name}", attachment_type=kind)

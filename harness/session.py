@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harness.cache import ArtifactCache
+from harness.errors import DeviceLostError, HarnessError
 from harness.devices import DevicesFile, DeviceSpec
 from harness.pipeline import Target
 from harness.runner.client import DeviceRunner
@@ -30,30 +32,65 @@ class StepRecord:
 
 
 class DevicePool:
-    """Opens each device's transport once per session and closes (and cleans) them at the end."""
+    """Opens each device's transport once per session and closes (and cleans) them at the end.
+
+    A device that cannot be connected, or whose transport lost it mid-run (DeviceLostError), is
+    taken out of the session: failure() says why, and runner() refuses it from then on.
+    """
 
     def __init__(self, cache: ArtifactCache, keep_files: bool = False) -> None:
         self._cache = cache
         self._keep = keep_files
         self._runners: dict[str, DeviceRunner] = {}
+        self._failed: dict[str, str] = {}
 
     def runner(self, device: DeviceSpec, devices: DevicesFile) -> DeviceRunner:
-        """Return the runner for device, connecting on first use."""
+        """Return the runner for device, connecting on first use.
+
+        Raises DeviceLostError for a device taken out of the session, the connect error otherwise.
+        """
+        reason = self.failure(device.id)
+        if reason is not None:
+            raise DeviceLostError(f"device {device.id} was taken out of the session after: {reason}",
+                                  device=device.id)
         if device.id not in self._runners:
-            transport = open_transport(device, devices.soc(device.soc), self._cache.root / "emulator")
+            try:
+                transport = open_transport(device, devices.soc(device.soc), self._cache.root / "emulator")
+            except HarnessError as e:
+                self.mark_failed(device.id, f"connecting failed: {str(e).splitlines()[0]}")
+                raise
             self._runners[device.id] = DeviceRunner(transport)
         return self._runners[device.id]
 
+    def mark_failed(self, device_id: str, reason: str) -> None:
+        """Take device_id out of the session (the first reason given is kept)."""
+        self._failed.setdefault(device_id, reason)
+
+    def failure(self, device_id: str) -> str | None:
+        """Return why device_id was taken out of the session, or None while it is in."""
+        if device_id in self._failed:
+            return self._failed[device_id]
+        runner = self._runners.get(device_id)
+        lost = getattr(runner.transport, "lost_reason", None) if runner is not None else None
+        if lost is not None:
+            self._failed[device_id] = lost
+        return lost
+
     def close(self) -> None:
-        """Clean up every device's work directory (unless kept) and close the transports."""
-        for runner in self._runners.values():
+        """Clean up every device's work directory (unless kept or lost) and close the transports."""
+        errors: list[str] = []
+        for device_id, runner in self._runners.items():
             transport: Transport = runner.transport
             try:
-                if not self._keep:
+                if not self._keep and self.failure(device_id) is None:
                     transport.cleanup()
+            except HarnessError as e:  # one device's cleanup must not stop the others'
+                errors.append(f"{device_id}: {e}")
             finally:
                 transport.close()
         self._runners.clear()
+        if errors:
+            warnings.warn("could not clean up the work directory of " + "; ".join(errors), stacklevel=2)
 
 
 @dataclass

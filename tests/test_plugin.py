@@ -10,6 +10,9 @@ import pytest
 from model_builders import conv_classifier, shared_dim_param, with_unsupported_op
 
 SUITES = Path(__file__).resolve().parent.parent / "suites"
+SPINE_STEPS = ("feasibility", "conversion", "float_baseline", "ptq")
+SPINE = ("-k", " or ".join(SPINE_STEPS))  # the spine's steps only, to keep these runs short
+ALL_STEPS = len(list(SUITES.glob("test_*.py")))
 
 
 @pytest.fixture
@@ -30,9 +33,9 @@ def by_step(records):
 
 def test_default_run_onboards_the_zoo_model_and_writes_kpis(run_suites):
     result, records = run_suites("--device", "sm8650")
-    result.assert_outcomes(passed=4)
+    result.assert_outcomes(passed=ALL_STEPS)
     steps = by_step(records)
-    assert list(steps) == ["feasibility", "conversion", "float_baseline", "ptq"]
+    assert list(steps)[:4] == list(SPINE_STEPS) and len(steps) == ALL_STEPS
     assert all((r["device"], r["soc"], r["model"], r["outcome"]) == ("sm8650-emu", "sm8650", "digits_cnn", "passed")
                for r in records)
     feas, ptq = steps["feasibility"]["kpis"], steps["ptq"]["kpis"]
@@ -41,16 +44,16 @@ def test_default_run_onboards_the_zoo_model_and_writes_kpis(run_suites):
     assert ptq["float_task_metric"] >= 0.95 and ptq["task_metric"] >= ptq["float_task_metric"] - 0.02
     assert ptq["cosine_similarity"] > 0.98 and ptq["sqnr_db"] > 15
 
-    again, records = run_suites("--device", "sm8650")
-    again.assert_outcomes(passed=4)
+    again, records = run_suites("--device", "sm8650", *SPINE)
+    again.assert_outcomes(passed=4, deselected=ALL_STEPS - 4)
     assert by_step(records)["conversion"]["kpis"]["cache_hit"] is True
 
 
 def test_user_model_with_input_shape_on_two_socs(run_suites, pytester):
     model = shared_dim_param(pytester.path / "dyn.onnx")
     result, records = run_suites("--device", "sm8550", "--device", "sm8650-emu", "--model", str(model),
-                                 "--input-shape", "x=1,3,8,8", "--input-shape", "x2=1,3,8,8")
-    result.assert_outcomes(passed=8)
+                                 "--input-shape", "x=1,3,8,8", "--input-shape", "x2=1,3,8,8", *SPINE)
+    result.assert_outcomes(passed=8, deselected=2 * (ALL_STEPS - 4))
     result.stdout.fnmatch_lines(["PASSED*test_ptq?sm8550-emu-dyn?", "PASSED*test_ptq?sm8650-emu-dyn?"])
     ptq = [r for r in records if r["step"] == "ptq"]
     assert {r["soc"] for r in ptq} == {"sm8550", "sm8650"}
@@ -60,8 +63,8 @@ def test_user_model_with_input_shape_on_two_socs(run_suites, pytester):
 
 def test_unsupported_op_fails_feasibility_and_skips_ptq(run_suites, pytester):
     model = with_unsupported_op(pytester.path / "det.onnx")
-    result, records = run_suites("--model", str(model))
-    result.assert_outcomes(failed=1, passed=2, skipped=1)
+    result, records = run_suites("--model", str(model), *SPINE)
+    result.assert_outcomes(failed=1, passed=2, skipped=1, deselected=ALL_STEPS - 4)
     result.stdout.fnmatch_lines(["*1 node(s) cannot run on the Snapdragon 8 Gen 3 HTP (v75): det1 (Det)*",
                                  "SKIPPED*prerequisite step 'feasibility' did not pass*det1 (Det)*"])
     steps = by_step(records)
@@ -72,8 +75,8 @@ def test_unsupported_op_fails_feasibility_and_skips_ptq(run_suites, pytester):
 
 def test_unfixed_dynamic_dim_fails_conversion_and_skips_dependents(run_suites, pytester, session_cache_dir):
     model = shared_dim_param(pytester.path / "dyn.onnx")
-    result, records = run_suites("--model", str(model))
-    result.assert_outcomes(failed=2, skipped=2)
+    result, records = run_suites("--model", str(model), *SPINE)
+    result.assert_outcomes(failed=2, skipped=2, deselected=ALL_STEPS - 4)
     result.stdout.fnmatch_lines(["*input 'x' has dynamic dim(s) 0 ('?'), 2 ('?'), 3 ('?')*--input-shape x=N,3,N,N*",
                                  "SKIPPED*prerequisite step 'conversion' failed*"])
     assert "Traceback" not in result.stdout.str()
@@ -108,8 +111,8 @@ def test_not_onnx_and_malformed_devices_file(run_suites, pytester):
 def test_allure_results_carry_parameters_steps_and_attachments(run_suites, pytester):
     model = conv_classifier(pytester.path / "clf.onnx")
     alluredir = pytester.path / "allure"
-    result, _ = run_suites("--model", str(model), "--alluredir", str(alluredir))
-    result.assert_outcomes(passed=4)
+    result, _ = run_suites("--model", str(model), "--alluredir", str(alluredir), *SPINE)
+    result.assert_outcomes(passed=4, deselected=ALL_STEPS - 4)
     results = [json.loads(p.read_text()) for p in alluredir.glob("*-result.json")]
     ptq = next(r for r in results if r["name"].startswith("test_ptq"))
     params = {p["name"]: p["value"] for p in ptq["parameters"]}
@@ -126,7 +129,8 @@ def test_allure_results_carry_parameters_steps_and_attachments(run_suites, pytes
 
 def test_xdist_keeps_each_target_on_one_worker(run_suites, pytester):
     model = conv_classifier(pytester.path / "clf.onnx")
-    result, records = run_suites("--model", str(model), "--model", "digits_cnn", "-n", "2", "--dist", "loadgroup")
+    result, records = run_suites("--model", str(model), "--model", "digits_cnn", "-n", "2", "--dist", "loadgroup",
+                                 *SPINE)
     result.assert_outcomes(passed=8)
     assert sorted((r["model"], r["step"]) for r in records) == sorted(
-        (m, s) for m in ("clf", "digits_cnn") for s in ("feasibility", "conversion", "float_baseline", "ptq"))
+        (m, s) for m in ("clf", "digits_cnn") for s in SPINE_STEPS)

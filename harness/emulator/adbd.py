@@ -40,7 +40,18 @@ bare ``/data`` without the trailing slash keep their host meaning, and paths
 built at run time (``d=/da; ls ${d}ta/``) are not seen. Commands run with cwd
 ``<sandbox>/data/local/tmp`` and with ``<sandbox>/system/bin`` first on PATH,
 where the device's ``getprop`` lives (``getprop`` lists ``[key]: [value]``
-lines; ``getprop KEY [DEFAULT]`` prints one value). The sandbox path may only
+lines; ``getprop KEY [DEFAULT]`` prints one value). ``ro.harness.emulated`` is ``1``, so
+the harness labels what it reads from this device ``emulated``.
+
+Thermal zones and battery
+-------------------------
+``<sandbox>/sys/class/thermal/thermal_zone<N>/{type,temp}`` and
+``<sandbox>/sys/class/power_supply/battery/{current_now,voltage_now}`` are written by the
+SoC's thermal and power model (harness.emulator.thermal, parameters from the SoC catalog):
+the device counts as under load while at least one shell runs, and the files are brought up
+to date before every shell starts (before it counts as load itself) and before every sync
+request on a ``/sys/`` path, so ``cat /sys/class/thermal/...`` reads what a phone's kernel
+would show while the *other* shells run. The sandbox path may only
 contain ``[A-Za-z0-9_./+-]`` so that the rewrite never needs quoting.
 
 Protocol notes (observed with Debian's adb 29.0.6)
@@ -73,6 +84,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
 from harness.emulator import adb_protocol as proto
+from harness.emulator.thermal import EmulatedSensors, catalog_params
 
 logger = logging.getLogger(__name__)
 
@@ -166,6 +178,7 @@ def soc_properties(soc: str) -> dict[str, str]:
         "ro.product.cpu.abi": "arm64-v8a",
         "ro.build.version.sdk": "34",
         "ro.build.version.release": "14",
+        "ro.harness.emulated": "1",
     }
 
 
@@ -533,6 +546,7 @@ class _ShellSession:
     request: ShellRequest
     proc: subprocess.Popen[bytes] | None = None
     finished: threading.Event = field(default_factory=threading.Event)
+    load_released: bool = False
 
     def _send(self, packet_id: int, data: bytes) -> None:
         if self.request.protocol_v2:
@@ -547,7 +561,22 @@ class _ShellSession:
             if self.request.protocol_v2:
                 self._send(proto.SHELL_EXIT, b"\x01")
             return
+        self.device.refresh_sensors()
         self.proc = self.device._spawn_shell(self.request)
+        self.device._shell_started()
+        try:
+            self._run_started()
+        finally:
+            self._release_load()
+
+    def _release_load(self) -> None:
+        """End this shell's share of the device load (once; before the exit code is sent)."""
+        if not self.load_released:
+            self.load_released = True
+            self.device._shell_ended()
+
+    def _run_started(self) -> None:
+        assert self.proc is not None
         self.stream.on_remote_close(self._kill)
         pumps = [threading.Thread(target=self._pump_output, daemon=True,
                                   args=(self.proc.stdout, proto.SHELL_STDOUT))]
@@ -560,6 +589,7 @@ class _ShellSession:
         returncode = self.proc.wait()
         for pump in pumps:
             pump.join()
+        self._release_load()
         self.finished.set()
         if self.request.protocol_v2 and not self.stream.closed:
             code = returncode if returncode >= 0 else 128 - returncode
@@ -672,6 +702,8 @@ class _SyncSession:
                 self._flush()
                 return
             path = self.reader.read_exact(length).decode("utf-8", "surrogateescape")
+            if path.startswith("/sys/"):
+                self.device.refresh_sensors()
             handler = {
                 proto.SYNC_STAT: self._stat_v1, proto.SYNC_STA2: self._stat_v2,
                 proto.SYNC_LST2: self._lstat_v2, proto.SYNC_LIST: self._list_v1,
@@ -837,6 +869,7 @@ class EmulatedAdbDevice:
         self._connections: set[_Connection] = set()
         self._pgids: set[int] = set()
         self._lock = threading.Lock()
+        self.sensors: EmulatedSensors | None = None
 
     @property
     def sandbox(self) -> Path:
@@ -862,6 +895,21 @@ class EmulatedAdbDevice:
         getprop = self._sandbox / "system/bin/getprop"
         getprop.write_text(getprop_script(self.properties))
         getprop.chmod(0o755)
+        if self.sensors is None:
+            self.sensors = EmulatedSensors(self._sandbox, catalog_params(self.soc))
+
+    def refresh_sensors(self) -> None:
+        """Bring the sysfs thermal and battery files up to date."""
+        if self.sensors is not None:
+            self.sensors.refresh()
+
+    def _shell_started(self) -> None:
+        if self.sensors is not None:
+            self.sensors.begin_load()
+
+    def _shell_ended(self) -> None:
+        if self.sensors is not None:
+            self.sensors.end_load()
 
     def start(self) -> int:
         """Prepare the sandbox, bind, and serve in background threads.

@@ -18,7 +18,7 @@ import pytest
 from harness.errors import HarnessError
 
 # Fixtures and options of the later onboarding steps live in sibling modules, one per area.
-pytest_plugins: list[str] = []
+pytest_plugins: list[str] = ["harness.plugin.performance", "harness.plugin.accuracy", "harness.plugin.devices"]
 
 T = TypeVar("T")
 SESSION_KEY = pytest.StashKey["HarnessSession"]()

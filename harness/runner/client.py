@@ -12,12 +12,59 @@ from pathlib import Path
 import numpy as np
 
 from harness.data import Feed, feeds_digest
-from harness.errors import RunnerError
+from harness.errors import ContextMismatchError, RunnerError
 from harness.transports.base import Transport, sha256_file
 
 RUNNER_SOURCE = Path(__file__).with_name("device_runner.py")
 RUNNER_REMOTE = "bin/device_runner.py"
+CONTEXT_SIDECAR = "context.json"  # beside a compiled EPContext model: the SoC it was built for
 
+
+@dataclass(frozen=True)
+class ContextTarget:
+    """The SoC a context binary was compiled for, as recorded when it was built."""
+
+    soc: str
+    soc_name: str
+    htp_arch: int
+    soc_model: int
+
+    def __str__(self) -> str:
+        return f"{self.soc} ({self.soc_name}, v{self.htp_arch}, soc_model {self.soc_model})"
+
+
+def context_target(model: Path) -> ContextTarget | None:
+    """Return the SoC a context binary was compiled for (sidecar first, then the model's
+    metadata_props), or None when model is not a harness-compiled context binary."""
+    model = Path(model)
+    sidecar = model.parent / CONTEXT_SIDECAR
+    if sidecar.is_file():
+        data = json.loads(sidecar.read_text())
+    elif model.name.endswith("_ctx.onnx"):
+        import onnx
+
+        props = {p.key: p.value for p in onnx.load(str(model), load_external_data=False).metadata_props}
+        if "harness.soc" not in props:
+            return None
+        data = {k: props.get(f"harness.{k}") for k in ("soc", "soc_name", "htp_arch", "soc_model")}
+    else:
+        return None
+    return ContextTarget(str(data["soc"]), str(data.get("soc_name") or data["soc"]), int(data["htp_arch"]),
+                         int(data["soc_model"]))
+
+
+def check_context_target(model: Path, soc, device_id: str) -> ContextTarget | None:
+    """Raise ContextMismatchError, naming both SoCs, when model is a context binary compiled for
+    another SoC than soc (a SocSpec); return its recorded target (None for a plain model)."""
+    built = context_target(model)
+    if built is None:
+        return None
+    if (built.soc_model, built.htp_arch) != (soc.soc_model, soc.htp_arch):
+        raise ContextMismatchError(
+            f"context binary {Path(model).name} was compiled for {built}, but device {device_id} is "
+            f"{soc.id} ({soc.name}, v{soc.htp_arch}, soc_model {soc.soc_model}): refusing to run it; "
+            f"compile it for {soc.id} (the context_binary step does, for the device under test)")
+    return built
 
 
 
@@ -46,6 +93,9 @@ class RunResult:
     placement: list[NodePlacement]
     report: dict = field(repr=False)
     workdir: Path | None = None
+    iteration_s: list[float] = field(default_factory=list)  # the measurement loop's iterations
+    measured_s: float = 0.0  # wall time of the measurement loop
+    peak_rss_mb: float | None = None  # the runner process's peak resident memory
 
 
 def write_input_list(feeds: list[Feed], directory: Path) -> Path:
@@ -102,6 +152,8 @@ class DeviceRunner:
         for sibling in model.parent.glob(model.stem + "*"):
             if sibling != model and sibling.suffix in {".bin", ".data"}:
                 self.transport.push(sibling, f"{remote_dir}/{sibling.name}")
+        if (model.parent / CONTEXT_SIDECAR).is_file():
+            self.transport.push(model.parent / CONTEXT_SIDECAR, f"{remote_dir}/{CONTEXT_SIDECAR}")
         return f"{remote_dir}/{model.name}"
 
     def push_feeds(self, feeds: list[Feed], staging: Path) -> str:
@@ -120,19 +172,29 @@ class DeviceRunner:
 
     def run(self, model: Path, feeds: list[Feed] | None, runtime: str, *,
             allow_cpu_fallback: bool = False, placement_only: bool = False,
-            profiling_level: str = "off", warmup: int = 0, keep_dir: Path | None = None) -> RunResult:
+            profiling_level: str = "off", warmup: int = 0, keep_dir: Path | None = None,
+            min_iterations: int = 0, min_duration_s: float = 0.0, intra_op_threads: int = 0) -> RunResult:
         """Run model on the device runtime ('htp' or 'cpu') over feeds; return outputs and report.
 
-        Raises RunnerError with the runner's own message when the model cannot be loaded or run.
+        With min_iterations/min_duration_s, after the outputs pass the runner times a loop over the
+        feeds until both minimums are met (RunResult.iteration_s).
+        Raises ContextMismatchError for a context binary compiled for another SoC than the device's
+        (before anything is pushed), and RunnerError with the runner's own message when the model
+        cannot be loaded or run.
         """
+        soc = self.transport.soc
+        check_context_target(model, soc, self.transport.device_id)
         self.deploy()
         remote_model = self.push_model(model)
         job = f"jobs/{uuid.uuid4().hex[:12]}"
-        soc = self.transport.soc
         argv = [*self.transport.python, RUNNER_REMOTE, "--model", remote_model, "--runtime", runtime,
                 "--output_dir", f"{job}/out", "--htp_arch", str(soc.htp_arch),
                 "--soc_model", str(soc.soc_model), "--profiling_level", profiling_level,
                 "--warmup", str(warmup)]
+        if min_iterations or min_duration_s:
+            argv += ["--min_iterations", str(min_iterations), "--min_duration", repr(float(min_duration_s))]
+        if intra_op_threads:
+            argv += ["--intra_op_threads", str(intra_op_threads)]
         if allow_cpu_fallback:
             argv.append("--allow_cpu_fallback")
         if placement_only:
@@ -168,4 +230,7 @@ class DeviceRunner:
         return RunResult(outputs=outputs, runtime=runtime, load_s=float(report.get("load_s", 0.0)),
                          inference_s=[float(t) for t in report.get("inference_s") or []],
                          placement=[NodePlacement(**p) for p in report.get("placement") or []],
-                         report=report, workdir=keep_dir)
+                         report=report, workdir=keep_dir,
+                         iteration_s=[float(t) for t in report.get("iteration_s") or []],
+                         measured_s=float((report.get("measurement") or {}).get("duration_s", 0.0)),
+                         peak_rss_mb=report.get("peak_rss_mb"))

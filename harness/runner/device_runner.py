@@ -9,6 +9,13 @@ Inputs:  --input_list FILE, one line per inference; each line holds space-separa
          starting with '#' or '%' lists output names to keep (qnn-net-run's convention).
 Outputs: OUTPUT_DIR/Result_<N>/<output name>.raw (float32), and OUTPUT_DIR/runner_report.json
          with timings, the real per-node execution-provider placement and the output shapes.
+Timing:  --warmup N untimed runs, then one pass over the input list (its outputs are written), then,
+         with --min_iterations/--min_duration, a measurement loop cycling over the inputs until at
+         least that many iterations AND that many seconds have run (MLPerf's rule). Every iteration's
+         time is reported (`iteration_s`); statistics are left to the host. `peak_rss_mb` is the
+         process's peak resident memory.
+Context binaries: a `context.json` beside an EPContext model records the SoC it was compiled for;
+         a binary for another SoC than --soc_model/--htp_arch is refused (exit 2), never run.
 Exit codes: 0 ok, 2 bad input or model, 3 runtime failure.
 """
 
@@ -45,7 +52,60 @@ def parse_args(argv):
                    help="create the session, record the node placement, run nothing")
     p.add_argument("--profiling_level", choices=["off", "basic", "detailed"], default="off")
     p.add_argument("--warmup", type=int, default=0, help="untimed runs of the first input before timing")
+    p.add_argument("--min_iterations", type=int, default=0,
+                   help="measurement loop: at least this many timed iterations (0: no loop)")
+    p.add_argument("--min_duration", type=float, default=0.0,
+                   help="measurement loop: at least this many seconds (0: no minimum)")
+    p.add_argument("--profiling_file", help="QNN profile CSV path (default: OUTPUT_DIR/qnn_profile.csv)")
+    p.add_argument("--intra_op_threads", type=int, default=0,
+                   help="onnxruntime intra-op threads for the CPU parts (0: onnxruntime's default)")
     return p.parse_args(argv)
+
+
+CONTEXT_SIDECAR = "context.json"
+
+
+def check_context_target(args, report):
+    """Refuse a context binary whose sidecar names another SoC than the one this run targets."""
+    sidecar = os.path.join(os.path.dirname(os.path.abspath(args.model)), CONTEXT_SIDECAR)
+    if not os.path.isfile(sidecar):
+        return
+    with open(sidecar) as f:
+        built = json.load(f)
+    report["context_target"] = {k: built.get(k) for k in ("soc", "soc_name", "htp_arch", "soc_model")}
+    if args.runtime != "htp":
+        return
+    if any(want and built.get(key) != want for key, want in (("soc_model", args.soc_model),
+                                                              ("htp_arch", args.htp_arch))):
+        raise RunnerFailure(
+            f"context binary {os.path.basename(args.model)} was compiled for SoC {built.get('soc')} "
+            f"({built.get('soc_name')}, soc_model {built.get('soc_model')}, v{built.get('htp_arch')}), but this "
+            f"run targets soc_model {args.soc_model}, v{args.htp_arch}: recompile it for this device's SoC")
+
+
+def peak_rss_mb():
+    """Return this process's peak resident set size in MiB, or None where getrusage is missing."""
+    try:
+        import resource
+    except ImportError:  # Windows on Snapdragon
+        return None
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 2**20 if sys.platform == "darwin" else rss / 1024
+
+
+def measure(session, out_names, feeds, min_iterations, min_duration_s):
+    """Run feeds round-robin until both minimums are met; return (per-iteration seconds, loop seconds)."""
+    times = []
+    clock = time.perf_counter
+    start = clock()
+    i = 0
+    while i < min_iterations or clock() - start < min_duration_s:
+        feed = feeds[i % len(feeds)]
+        t = clock()
+        session.run(out_names, feed)
+        times.append(clock() - t)
+        i += 1
+    return times, clock() - start
 
 
 def _sanitize(name):
@@ -106,9 +166,14 @@ def _load_input(np, file, meta):
 def make_session(ort, args, report):
     so = ort.SessionOptions()
     so.log_severity_level = 3
+    if args.intra_op_threads > 0:
+        so.intra_op_num_threads = args.intra_op_threads
     so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
     if args.runtime == "cpu":
-        return ort.InferenceSession(args.model, so, providers=["CPUExecutionProvider"])
+        t0 = time.perf_counter()
+        session = ort.InferenceSession(args.model, so, providers=["CPUExecutionProvider"])
+        report["session_create_s"] = time.perf_counter() - t0
+        return session
     try:
         import onnxruntime_qnn
     except ImportError:
@@ -129,14 +194,18 @@ def make_session(ort, args, report):
         options["soc_model"] = str(args.soc_model)
     if args.profiling_level != "off":
         options["profiling_level"] = args.profiling_level
-        options["profiling_file_path"] = os.path.join(args.output_dir, "qnn_profile.csv")
-        report["profile_csv"] = "qnn_profile.csv"
+        options["profiling_file_path"] = os.path.abspath(args.profiling_file or
+                                                         os.path.join(args.output_dir, "qnn_profile.csv"))
+        report["profile_csv"] = args.profiling_file or "qnn_profile.csv"
     report["provider_options"] = options
     if not args.allow_cpu_fallback:
         so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
     so.add_provider_for_devices(devices, options)
     try:
-        return ort.InferenceSession(args.model, so)
+        t0 = time.perf_counter()
+        session = ort.InferenceSession(args.model, so)
+        report["session_create_s"] = time.perf_counter() - t0  # the model's load (and JIT compile) alone
+        return session
     except Exception as e:
         msg = str(e)
         if "fallback to CPU EP has been explicitly disabled" in msg:
@@ -167,6 +236,7 @@ def main(argv=None):
         report["onnxruntime_version"] = ort.__version__
         if not os.path.isfile(args.model):
             raise RunnerFailure(f"model not found: {args.model}")
+        check_context_target(args, report)
         t0 = time.perf_counter()
         session = make_session(ort, args, report)
         report["load_s"] = time.perf_counter() - t0
@@ -201,11 +271,19 @@ def main(argv=None):
                                              "dtype": str(np.asarray(value).dtype)})
             report["inference_s"] = times
             report["outputs"] = outputs_meta
+            if feeds and (args.min_iterations > 0 or args.min_duration > 0):
+                loop, loop_s = measure(session, out_names, feeds, args.min_iterations, args.min_duration)
+                report["iteration_s"] = loop
+                report["measurement"] = {"warmup": args.warmup, "min_iterations": args.min_iterations,
+                                         "min_duration_s": args.min_duration, "iterations": len(loop),
+                                         "duration_s": loop_s}
+        del session  # the QNN EP writes its profile when the session is released
     except RunnerFailure as e:
         report["error"], code = str(e), e.code
     except Exception as e:  # report anything the runtime raised, with its own words
         report["error"], code = f"{type(e).__name__}: {e}", 3
         report["traceback"] = traceback.format_exc()
+    report["peak_rss_mb"] = peak_rss_mb()
     with open(report_path + ".part", "w") as f:
         json.dump(report, f, indent=1)
     os.replace(report_path + ".part", report_path)

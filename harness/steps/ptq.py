@@ -32,18 +32,26 @@ class QuantRecipe:
     per_channel: bool = False
     activation_symmetric: bool = False
     weight_symmetric: bool | None = None
-    tensor_overrides: dict = field(default_factory=dict)
+    tensor_overrides: dict = field(default_factory=dict)  # JSON-friendly: {"t": [{"quant_type": "QUInt16"}]}
+    encodings: dict = field(default_factory=dict)  # a QAIRT --quantization_overrides document to apply
+    encodings_file: str = ""  # where `encodings` came from, for error messages
+    label: str = ""  # appended to the name, e.g. 'mp2' for a mixed-precision step
 
     @property
     def name(self) -> str:
         """A readable id, e.g. 'MinMax-a8-w8-pt'."""
         bits = {"QUInt8": "8", "QInt8": "8s", "QUInt16": "16", "QInt16": "16s"}
         return (f"{self.calibrate_method}-a{bits[self.activation_type]}-w{bits[self.weight_type]}-"
-                f"{'pc' if self.per_channel else 'pt'}{'-sym' if self.activation_symmetric else ''}")
+                f"{'pc' if self.per_channel else 'pt'}{'-sym' if self.activation_symmetric else ''}"
+                f"{'+overrides' if self.encodings else ''}{'+' + self.label if self.label else ''}")
 
 
 def quantize(model: Path, calibration: list[Feed], recipe: QuantRecipe, cache: ArtifactCache) -> Path:
     """Return the cached QDQ model quantized from model with recipe and the calibration feeds."""
+    from harness.encodings import recipe_overrides
+
+    overrides = recipe_overrides(model, recipe.encodings, recipe.encodings_file, recipe.tensor_overrides,
+                                 recipe.activation_type)
     key = content_key("qdq-v1", model, feeds_digest(calibration), asdict(recipe))
 
     def build(out: Path) -> None:
@@ -58,7 +66,7 @@ def quantize(model: Path, calibration: list[Feed], recipe: QuantRecipe, cache: A
                 calibrate_method=CalibrationMethod[recipe.calibrate_method],
                 activation_type=QuantType[recipe.activation_type], weight_type=QuantType[recipe.weight_type],
                 per_channel=recipe.per_channel, activation_symmetric=recipe.activation_symmetric,
-                weight_symmetric=recipe.weight_symmetric, init_overrides=recipe.tensor_overrides or None)
+                weight_symmetric=recipe.weight_symmetric, init_overrides=overrides or None)
             with _quiet_preprocess_hint():
                 ort_quantize(str(model), str(out / "model.onnx"), config)
         except Exception as e:

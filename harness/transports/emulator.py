@@ -2,6 +2,11 @@
 
 The device-side runner is executed as a separate process inside the sandbox, exactly as it is
 over adb or SSH; only the wire differs.
+
+Like the emulated adb device, the sandbox holds sysfs-shaped thermal and battery files
+(``<sandbox>/sys/class/...``) driven by the SoC's thermal model (harness.emulator.thermal): the
+device counts as under load while a command runs. Command arguments that are device-absolute
+``/sys/`` paths are mapped into the sandbox, so telemetry reads the same paths as on a phone.
 """
 
 from __future__ import annotations
@@ -11,14 +16,21 @@ import shutil
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path, PurePosixPath
 
+from harness.emulator.thermal import EmulatedSensors, ThermalParams
 from harness.errors import DeviceTimeoutError, TransportError
 from harness.transports.base import CommandResult, Transport, sha256_file
+
+SYSFS_PREFIX = "/sys/"
 
 
 class EmulatorTransport(Transport):
     """A device whose filesystem is a local directory and whose CPU is the host's."""
+
+    platform = "android"
+    telemetry_source = "emulated"
 
     def __init__(self, device, soc, sandbox_root: Path) -> None:
         super().__init__(device, soc)
@@ -26,6 +38,14 @@ class EmulatorTransport(Transport):
         self.root = root.resolve()
         self.workdir = self.root / "data" / "local" / "tmp" / "harness"
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self.sensors = EmulatedSensors(self.root, ThermalParams.from_spec(getattr(soc, "thermal", None)))
+        self._session_marker = self.workdir / ".sessions" / f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._session_marker.parent.mkdir(exist_ok=True)
+        self._session_marker.touch()
+
+    def _device_arg(self, arg: str) -> str:
+        """Map a device-absolute /sys/ path into the sandbox; leave other arguments alone."""
+        return str(self.root / arg.lstrip("/")) if arg.startswith(SYSFS_PREFIX) else arg
 
     @property
     def python(self) -> list[str]:
@@ -39,6 +59,15 @@ class EmulatorTransport(Transport):
         return self.workdir / rel
 
     def run(self, argv: list[str], timeout_s: float, cwd: str = ".") -> CommandResult:
+        with self.sensors.load():
+            return self._exec(argv, timeout_s, cwd)
+
+    def read_command(self, argv: list[str], timeout_s: float) -> CommandResult:
+        self.sensors.refresh()
+        return self._exec(argv, timeout_s, ".")
+
+    def _exec(self, argv: list[str], timeout_s: float, cwd: str) -> CommandResult:
+        argv = [self._device_arg(str(a)) for a in argv]
         env = {**os.environ, "HARNESS_DEVICE_ID": self.device_id, "HARNESS_SOC": self.soc.id}
         start = time.monotonic()
         try:
@@ -77,7 +106,12 @@ class EmulatorTransport(Transport):
         return sha256_file(p) if p.is_file() else None
 
     def cleanup(self) -> None:
-        """Remove finished jobs; pushed models and data stay, as the sandbox lives in the cache."""
+        """Remove leftover jobs unless another session uses the sandbox; pushed models and data stay,
+        as the sandbox lives in the cache."""
+        self._session_marker.unlink(missing_ok=True)
+        markers = self._session_marker.parent
+        if markers.is_dir() and any(_alive(m.name.split("-")[0]) for m in markers.iterdir()):
+            return
         self.remove("jobs")
 
     def remove(self, remote: str) -> None:
@@ -96,3 +130,14 @@ def _link_or_copy(src: str, dst: str) -> None:
         os.link(src, dst)
     except OSError:
         shutil.copy2(src, dst)
+
+
+def _alive(pid_text: str) -> bool:
+    """Return whether the local process with this pid exists (a stale session marker's does not)."""
+    try:
+        os.kill(int(pid_text), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,115 @@
+"""pytest options and fixtures for accuracy analysis and recovery (Step 3, stages 3-5).
+
+Options: `--sweep off|quick|full` and `--quantization-overrides FILE` (a QAIRT/AIMET encodings
+JSON). The overrides file is validated at start-up; its tensor names are checked against the model
+when PTQ quantizes with it. Every Onboarding gets these options as it is created (the
+`pytest_fixture_setup` hook below), so PTQ already quantizes with the given encodings.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.errors import HarnessError
+
+ACCURACY_KEY = pytest.StashKey["AccuracyOptions"]()
+SWEEP_MODES = ("off", "quick", "full")  # as harness.steps.sweep.SWEEP_MODES (not imported: heavy)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("snapdragon")
+    group.addoption("--sweep", default="quick", choices=SWEEP_MODES,
+                    help="quantization sweep: off, quick (4 candidates, default) or full (the whole matrix)")
+    group.addoption("--quantization-overrides", default=None, metavar="FILE",
+                    help="QAIRT/AIMET encodings JSON (activation_encodings, param_encodings) to quantize with")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from harness.encodings import load_encodings
+    from harness.steps.sweep import AccuracyOptions
+
+    path = config.getoption("quantization_overrides", None)
+    encodings, source = {}, ""
+    if path:
+        try:
+            encodings, source = load_encodings(Path(path)).to_json(), str(Path(path).expanduser().resolve())
+        except HarnessError as e:
+            raise pytest.UsageError(f"--quantization-overrides: {e}") from None
+    config.stash[ACCURACY_KEY] = AccuracyOptions(sweep=config.getoption("sweep", "quick"),
+                                                 encodings=encodings, encodings_file=source)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef: pytest.FixtureDef, request: pytest.FixtureRequest):
+    value = yield
+    if fixturedef.argname == "onboarding" and hasattr(value, "configure_accuracy"):
+        value.configure_accuracy(request.config.stash[ACCURACY_KEY])
+    return value
+
+
+@pytest.fixture(scope="session")
+def accuracy_options(pytestconfig: pytest.Config):
+    """The AccuracyOptions of this run."""
+    return pytestconfig.stash[ACCURACY_KEY]
+
+
+def _needs_value(outcome) -> None:
+    """Skip when a prerequisite step raised (a failed KPI is fine: these steps explain failures)."""
+    if outcome.error is not None:
+        pytest.skip(f"prerequisite step '{outcome.step}' failed: {outcome.error}")
+
+
+@pytest.fixture(scope="session")
+def error_isolation(onboarding, ptq):
+    """Step 3 stage 3 outcome (runs for every model; fails only when PTQ missed its KPI)."""
+    from harness.plugin import _outcome
+
+    _needs_value(ptq)
+    return _outcome("error_isolation", onboarding.error_isolation)
+
+
+@pytest.fixture(scope="session")
+def sweep(onboarding, feasibility, conversion, accuracy_options):
+    """Step 3 stage 4 outcome (skipped with --sweep off)."""
+    from harness.plugin import _outcome
+
+    feasibility.require()
+    conversion.require()
+    if accuracy_options.sweep == "off":
+        pytest.skip("--sweep off: no quantization sweep; mixed precision starts from the PTQ recipe")
+    return _outcome("sweep", onboarding.sweep)
+
+
+@pytest.fixture(scope="session")
+def mixed_precision(onboarding, error_isolation, accuracy_options, request: pytest.FixtureRequest):
+    """Step 3 stage 5 outcome (needs error isolation's ranking, and the sweep unless --sweep off)."""
+    from harness.plugin import _outcome
+
+    _needs_value(error_isolation)
+    if accuracy_options.sweep != "off":
+        _needs_value(request.getfixturevalue("sweep"))
+    return _outcome("mixed_precision", onboarding.mixed_precision)
+
+
+@pytest.fixture
+def check_accuracy(check):
+    """check(outcome) that also attaches the step's JSON artifacts (the exported QAIRT encodings) to
+    Allure; `check` itself attaches KPIs, tables as CSV and PNG/CSV artifacts such as the SQNR plot."""
+    def _check(outcome):
+        if outcome.value is not None:
+            attach_json_artifacts(outcome.value)
+        return check(outcome)
+
+    return _check
+
+
+def attach_json_artifacts(report) -> None:
+    """Attach a report's JSON artifacts to Allure (no-op without --alluredir)."""
+    import allure
+
+    for name, path in report.artifacts.items():
+        path = Path(path)
+        if path.suffix == ".json" and path.is_file():
+            allure.attach.file(str(path), name=f"{report.step} {name}", attachment_type=allure.attachment_type.JSON)

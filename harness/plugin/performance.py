@@ -1,0 +1,88 @@
+"""pytest options and fixtures of compilation, profiling and runtime integration (Steps 4-6)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from harness.plugin import Outcome, _outcome
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a positive whole number of iterations")
+    return value
+
+
+def _warmup(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number of warm-up runs (0 or more)")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"'{text}' is not a duration in seconds (0 or more)")
+    return value
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("snapdragon")
+    group.addoption("--min-iterations", type=_count, default=None, metavar="N",
+                    help="profile step: time at least N iterations (default 20 on the emulator, 100 on devices)")
+    group.addoption("--min-duration", type=_seconds, default=None, metavar="SECONDS",
+                    help="profile step: and time for at least this long (default 1 s on the emulator, 10 s on devices)")
+    group.addoption("--warmup-iterations", type=_warmup, default=None, metavar="N",
+                    help="profile step: untimed runs first (default 3 on the emulator, 10 on devices)")
+
+
+def _require_artifact(outcome: Outcome) -> None:
+    """Skip unless the step produced its artifact (a missed KPI limit does not stop dependents)."""
+    if outcome.error is not None:
+        pytest.skip(f"prerequisite step '{outcome.step}' failed: {outcome.error}")
+
+
+@pytest.fixture(scope="session")
+def context_binary(onboarding, ptq) -> Outcome:
+    """Step 4 outcome. Needs a quantized model, so PTQ must have run without error; when PTQ
+    missed its accuracy limits the deployable model is still compiled (its size and load time
+    are worth knowing), with a note saying so."""
+    _require_artifact(ptq)
+    outcome = _outcome("context_binary", onboarding.context_binary)
+    problems = ptq.value.problems() if ptq.value is not None else []
+    if outcome.value is not None and problems:
+        outcome.value.notes.append(f"PTQ did not pass ({problems[0]}); compiled the deployable model the "
+                                   "pipeline chose (mixed precision's when it met the KPIs, else PTQ's)")
+    return outcome
+
+
+@pytest.fixture(scope="session")
+def profile(onboarding, context_binary, pytestconfig: pytest.Config) -> Outcome:
+    """Step 5 outcome (needs the compiled context binary)."""
+    from harness.steps.profile import default_rule
+
+    _require_artifact(context_binary)
+    opt = pytestconfig.option
+    rule = default_rule(onboarding.target.device.transport, opt.min_iterations, opt.min_duration,
+                        opt.warmup_iterations)
+    return _outcome("profile", lambda: onboarding.profile(rule))
+
+
+@pytest.fixture(scope="session")
+def runtime(onboarding, context_binary) -> Outcome:
+    """Step 6 outcome (needs the compiled context binary)."""
+    _require_artifact(context_binary)
+    return _outcome("runtime", onboarding.runtime)

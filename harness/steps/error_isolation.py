@@ -1,0 +1,376 @@
+"""Step 3, stage 3: layer-by-layer error isolation, float against quantized, on the host and on the HTP.
+
+Every intermediate tensor is compared in one inference pass per model and runtime:
+
+* float side: onnxruntime's `qdq_loss_debug.modify_model_output_intermediate_tensors` exposes every
+  float tensor of the converted model as an output, `collect_activations` runs it once per sample;
+* quantized side: the QDQ model with the output of every activation's QuantizeLinear added to its
+  graph outputs. No node is added, so the HTP compiles the same QDQ node units and computes exactly
+  what the plain QDQ model computes (onnxruntime's augmenter would put float Reshape nodes after the
+  DequantizeLinear nodes, which breaks the node units and makes the HTP run them in fp16). The same
+  model runs on the host (CPU EP, graph optimizations off: onnxruntime's QDQ emulation) and on the
+  device's `htp` runtime (CPU fallback disabled), and the integer tensors are dequantized here.
+
+A tensor whose cosine similarity is below 0.9 on the HTP but not in the host emulation points at the
+HTP (kernel, runtime); below 0.9 on both, at quantization.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from harness.cache import ArtifactCache, content_key
+from harness.data import Dataset, Feed
+from harness.errors import StepError
+from harness.metrics import cosine_similarity, mean_abs_error, sqnr_db
+from harness.runner.client import DeviceRunner
+from harness.steps.ptq import MATH_ERROR_COSINE
+from harness.steps.report import StepReport
+
+DEFAULT_SAMPLES = 4
+WORST_NODES = 5
+SENSITIVE_TENSORS = 8
+_QUANT_INPUT_SUFFIX = "_QuantizeLinear_Input"
+_ONNX_INT_TYPES = {2: (np.uint8, 8), 3: (np.int8, 8), 4: (np.uint16, 16), 5: (np.int16, 16)}
+
+
+@dataclass(frozen=True)
+class ExposedTensor:
+    """A quantized activation made visible: float tensor name, exposed QuantizeLinear output, encoding."""
+
+    tensor: str
+    output: str
+    scale: float
+    zero_point: int
+    bitwidth: int
+
+    def dequantize(self, values: np.ndarray) -> np.ndarray:
+        """Return the real values of the integer tensor `values`, flattened."""
+        return ((np.asarray(values, dtype=np.float64).ravel() - self.zero_point) * self.scale).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class LayerStats:
+    """One compared tensor: where it sits in the graph and how far each runtime is from float."""
+
+    index: int
+    node: str
+    op_type: str
+    tensor: str
+    bitwidth: int
+    cosine_htp: float
+    sqnr_htp_db: float
+    mae_htp: float
+    cosine_host: float
+    sqnr_host_db: float
+    mae_host: float
+    cosine_htp_vs_host: float
+    upstream_cosine: float
+    cosine_drop: float
+    fused_tensors: str  # float tensors folded into this one by the quantizer (e.g. a Conv output before Relu)
+    upstream_tensors: str
+    sensitivity_rank: int = 0
+
+
+# ------------------------------------------------------------------------------------ capture
+
+def expose_quantized_tensors(qdq_model: Path, cache: ArtifactCache) -> tuple[Path, list[ExposedTensor]]:
+    """Return a copy of qdq_model with every activation's QuantizeLinear output as a graph output,
+    and what was exposed (cached)."""
+    def build(out: Path) -> None:
+        import onnx
+        from onnx import numpy_helper
+
+        model = onnx.load(str(qdq_model))
+        inits = {i.name: i for i in model.graph.initializer}
+        producers = {o: n for n in model.graph.node for o in n.output}
+        outputs = {o.name for o in model.graph.output}
+        exposed: list[ExposedTensor] = []
+        seen: set[str] = set()
+        for node in model.graph.node:
+            if node.op_type != "QuantizeLinear":
+                continue
+            source = node.input[0]
+            if source in producers and producers[source].op_type == "DequantizeLinear":
+                continue  # a precision conversion of an already exposed tensor
+            tensor = source[: -len(_QUANT_INPUT_SUFFIX)] if source.endswith(_QUANT_INPUT_SUFFIX) else source
+            scale = numpy_helper.to_array(inits[node.input[1]]) if node.input[1] in inits else None
+            zp_init = inits.get(node.input[2]) if len(node.input) > 2 else None
+            if scale is None or scale.size != 1 or tensor in seen:
+                continue
+            elem = zp_init.data_type if zp_init is not None else onnx.TensorProto.UINT8
+            if elem not in _ONNX_INT_TYPES:
+                continue
+            zero = int(numpy_helper.to_array(zp_init).ravel()[0]) if zp_init is not None else 0
+            seen.add(tensor)
+            exposed.append(ExposedTensor(tensor, node.output[0], float(scale.ravel()[0]), zero,
+                                         _ONNX_INT_TYPES[elem][1]))
+            if node.output[0] not in outputs:
+                model.graph.output.append(onnx.helper.make_tensor_value_info(node.output[0], elem, None))
+        onnx.save(model, str(out / "model.onnx"))
+        (out / "tensors.json").write_text(json.dumps([asdict(e) for e in exposed], indent=1))
+
+    entry = cache.entry("exposed", content_key("exposed-v1", qdq_model), build)
+    tensors = [ExposedTensor(**e) for e in json.loads((entry.path / "tensors.json").read_text())]
+    return entry.path / "model.onnx", tensors
+
+
+def float_activations(float_model: Path, feeds: list[Feed], cache: ArtifactCache) -> dict[str, list[np.ndarray]]:
+    """Return every float tensor of float_model on feeds (flattened), from one pass per sample,
+    with onnxruntime's qdq_loss_debug."""
+    from onnxruntime.quantization.qdq_loss_debug import collect_activations, modify_model_output_intermediate_tensors
+
+    from harness.calibration import FeedReader
+
+    def build(out: Path) -> None:
+        source = out / "float.onnx"  # the tool writes a shape-inferred copy beside its input
+        shutil.copyfile(float_model, source)
+        modify_model_output_intermediate_tensors(str(source), str(out / "model.onnx"))
+        source.unlink()
+
+    augmented = cache.entry("debug_float", content_key("debug-float-v1", float_model), build).path / "model.onnx"
+    try:
+        return collect_activations(str(augmented), FeedReader(feeds))
+    except Exception as e:
+        raise StepError(f"float intermediate capture of {float_model.name} failed: {type(e).__name__}: {e}") from None
+
+
+def host_quantized_activations(exposed_model: Path, tensors: list[ExposedTensor],
+                               feeds: list[Feed]) -> dict[str, list[np.ndarray]]:
+    """Return the dequantized activations of the exposed QDQ model on the host's QDQ emulation."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        session = ort.InferenceSession(str(exposed_model), so, providers=["CPUExecutionProvider"])
+        names = [t.output for t in tensors]
+        runs = [dict(zip(names, session.run(names, feed))) for feed in feeds]
+    except Exception as e:
+        raise StepError(f"host QDQ intermediate capture failed: {type(e).__name__}: {e}") from None
+    return {t.tensor: [t.dequantize(r[t.output]) for r in runs] for t in tensors}
+
+
+def device_quantized_activations(exposed_model: Path, tensors: list[ExposedTensor], feeds: list[Feed],
+                                 runner: DeviceRunner) -> tuple[dict[str, list[np.ndarray]], int]:
+    """Return the dequantized activations of the exposed QDQ model on the device's `htp` runtime,
+    and how many graph nodes the HTP ran (CPU fallback is disabled, so that is all of them)."""
+    run = runner.run(exposed_model, feeds, "htp")
+    missing = [t.output for t in tensors if run.outputs and t.output not in run.outputs[0]]
+    if missing:
+        raise StepError(f"the device runner returned no output for {len(missing)} exposed tensor(s), "
+                        f"e.g. {missing[0]}")
+    acts = {t.tensor: [t.dequantize(o[t.output]) for o in run.outputs] for t in tensors}
+    return acts, sum(p.on_htp for p in run.placement)
+
+
+# ------------------------------------------------------------------------------------ compare
+
+def compare_layers(float_model: Path, float_acts: dict[str, list[np.ndarray]],
+                   host_acts: dict[str, list[np.ndarray]], htp_acts: dict[str, list[np.ndarray]],
+                   tensors: list[ExposedTensor]) -> tuple[list[LayerStats], int]:
+    """Return per-tensor statistics in topological order (ranked for sensitivity), and how many
+    float tensors have no quantized counterpart (folded away by the quantizer)."""
+    import onnx
+
+    model = onnx.load(str(float_model), load_external_data=False)
+    inits = {i.name for i in model.graph.initializer}
+    producer = {o: n for n in model.graph.node for o in n.output}
+    bits = {t.tensor: t.bitwidth for t in tensors}
+    order = [i.name for i in model.graph.input if i.name not in inits]
+    order += [o for n in model.graph.node for o in n.output if o]
+    compared = [t for t in order if t in bits and t in float_acts and t in htp_acts and t in host_acts
+                and _same_size(float_acts[t], htp_acts[t])]
+    compared_set = set(compared)
+    cos_htp = {t: cosine_similarity(float_acts[t], htp_acts[t]) for t in compared}
+    upstream_memo: dict[str, tuple[frozenset, frozenset]] = {}
+
+    def upstream(tensor: str) -> tuple[frozenset, frozenset]:
+        """(compared tensors feeding tensor's producer, uncompared tensors folded in between)."""
+        if tensor not in upstream_memo:
+            ups, fused = set(), set()
+            node = producer.get(tensor)
+            for name in (node.input if node is not None else []):
+                if not name or name in inits:
+                    continue
+                if name in compared_set:
+                    ups.add(name)
+                elif name in producer:
+                    u, f = upstream(name)
+                    ups |= u
+                    fused |= f | {name}
+            upstream_memo[tensor] = (frozenset(ups), frozenset(fused))
+        return upstream_memo[tensor]
+
+    rows = []
+    for index, tensor in enumerate(compared):
+        ups, fused = upstream(tensor)
+        node = producer.get(tensor)
+        up_cos = min((cos_htp[u] for u in ups), default=1.0)
+        f, q, h = float_acts[tensor], htp_acts[tensor], host_acts[tensor]
+        rows.append(LayerStats(
+            index=index, node=(node.name or tensor) if node is not None else f"input:{tensor}",
+            op_type=node.op_type if node is not None else "Input", tensor=tensor, bitwidth=bits[tensor],
+            cosine_htp=cos_htp[tensor], sqnr_htp_db=sqnr_db(f, q), mae_htp=mean_abs_error(f, q),
+            cosine_host=cosine_similarity(f, h), sqnr_host_db=sqnr_db(f, h), mae_host=mean_abs_error(f, h),
+            cosine_htp_vs_host=cosine_similarity(h, q), upstream_cosine=up_cos,
+            cosine_drop=up_cos - cos_htp[tensor],
+            fused_tensors=";".join(t for t in order if t in fused),
+            upstream_tensors=";".join(t for t in order if t in ups)))
+    not_compared = sum(1 for t in order if t not in compared_set)
+    return _rank(rows), not_compared
+
+
+def _same_size(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
+    return len(a) == len(b) and all(np.size(x) == np.size(y) for x, y in zip(a, b))
+
+
+def _rank(rows: list[LayerStats]) -> list[LayerStats]:
+    """Set sensitivity_rank: the nodes that lose most cosine similarity first, each preceded by the
+    compared inputs it amplifies (a precision-hostile tensor shows in its consumers, not itself)."""
+    by_tensor = {r.tensor: r for r in rows}
+    order: list[str] = []
+    for row in sorted(rows, key=lambda r: (-r.cosine_drop, r.index)):
+        ups = sorted((t for t in row.upstream_tensors.split(";") if t), key=lambda t: by_tensor[t].cosine_htp)
+        for t in [*ups, row.tensor]:
+            if t not in order:
+                order.append(t)
+    rank = {t: i + 1 for i, t in enumerate(order)}
+    return [LayerStats(**{**asdict(r), "sensitivity_rank": rank[r.tensor]}) for r in rows]
+
+
+# ------------------------------------------------------------------------------------ the step
+
+def isolate_errors(float_model: Path, qdq_model: Path, dataset: Dataset, runner: DeviceRunner,
+                   ptq_report: StepReport, cache: ArtifactCache, samples: int = DEFAULT_SAMPLES) -> StepReport:
+    """Return the error-isolation report: per-layer float-vs-quantized statistics on the host's QDQ
+    emulation and the device's `htp` runtime; it fails only when ptq_report did not pass."""
+    feeds = dataset.evaluation[:samples]
+    if not feeds:
+        raise StepError("error isolation needs at least one evaluation sample")
+    exposed_model, tensors = expose_quantized_tensors(qdq_model, cache)
+    float_acts = float_activations(float_model, feeds, cache)
+    host_acts = host_quantized_activations(exposed_model, tensors, feeds)
+    htp_acts, htp_nodes = device_quantized_activations(exposed_model, tensors, feeds, runner)
+    rows, not_compared = compare_layers(float_model, float_acts, host_acts, htp_acts, tensors)
+    if not rows:
+        raise StepError(f"no quantized activation of {qdq_model.name} matches a tensor of {float_model.name}")
+    report = StepReport("error_isolation")
+    first, first_host, cause = divergence(rows)
+    worst = sorted(rows, key=lambda r: (-r.cosine_drop, r.index))[:WORST_NODES]
+    ranked = sorted(rows, key=lambda r: r.sensitivity_rank)
+    report.kpis = {
+        "runtime": "htp", "reference_runtime": "host_qdq", "samples": len(feeds),
+        "layers_compared": len(rows), "tensors_not_compared": not_compared,
+        "first_divergent_node": first.node if first else None,
+        "first_divergent_tensor": first.tensor if first else None,
+        "first_divergent_node_host": first_host.node if first_host else None,
+        "divergence_cause": cause,
+        "worst_nodes": [{"node": r.node, "op_type": r.op_type, "tensor": r.tensor,
+                         "cosine_similarity": r.cosine_htp, "sqnr_db": r.sqnr_htp_db,
+                         "cosine_drop": r.cosine_drop} for r in worst],
+        "min_cosine_similarity": min(r.cosine_htp for r in rows),
+        "min_cosine_similarity_host": min(r.cosine_host for r in rows),
+        "min_cosine_htp_vs_host": min(r.cosine_htp_vs_host for r in rows),
+        "sensitive_tensors": [r.tensor for r in ranked[:SENSITIVE_TENSORS]],
+        "htp_nodes": htp_nodes, "ptq_passed": ptq_report.passed,
+        "math_error_cosine": MATH_ERROR_COSINE,
+    }
+    report.tables["per_layer"] = [_table_row(r) for r in rows]
+    if cause == "htp":
+        report.notes.append(f"{first.node} ({first.op_type}) diverges on the HTP (cosine {first.cosine_htp:.3f}) but "
+                            f"not in host QDQ emulation ({first.cosine_host:.3f}): an HTP kernel/runtime issue, "
+                            "not quantization")
+    if not ptq_report.passed:
+        report.failures.append(_failure(ptq_report, first, worst))
+    report.artifacts.update(_write_artifacts(rows, first, cache))
+    return report
+
+
+def divergence(rows: list[LayerStats]) -> tuple[LayerStats | None, LayerStats | None, str | None]:
+    """Return the first tensor below cosine 0.9 on the HTP, the first in host QDQ emulation, and the
+    cause: 'quantization' (both diverge there), 'htp' (only the HTP does), 'host_only', or None."""
+    first = next((r for r in rows if r.cosine_htp < MATH_ERROR_COSINE), None)
+    first_host = next((r for r in rows if r.cosine_host < MATH_ERROR_COSINE), None)
+    if first is not None:
+        cause = "quantization" if first.cosine_host < MATH_ERROR_COSINE else "htp"
+    else:
+        cause = "host_only" if first_host is not None else None
+    return first, first_host, cause
+
+
+def _failure(ptq_report: StepReport, first: LayerStats | None, worst: list[LayerStats]) -> str:
+    why = ptq_report.problems()[0] if ptq_report.problems() else "PTQ did not pass"
+    sensitive = ", ".join(f"{r.node} ({r.op_type}, cosine {r.cosine_htp:.3f}, -{r.cosine_drop:.3f})"
+                          for r in worst[:3])
+    if first is None:
+        return (f"PTQ missed its KPI ({why}); no layer drops below cosine {MATH_ERROR_COSINE} on the HTP: "
+                f"precision loss spread over the graph; most sensitive nodes: {sensitive}")
+    where = "quantization" if first.cosine_host < MATH_ERROR_COSINE else "the HTP only (host QDQ emulation is fine)"
+    return (f"PTQ missed its KPI ({why}); the loss starts at node {first.node} ({first.op_type}, tensor "
+            f"'{first.tensor}', inputs {first.upstream_tensors.replace(';', ', ') or '-'}): cosine "
+            f"{first.cosine_htp:.3f} on the HTP, {first.cosine_host:.3f} in host QDQ emulation, caused by {where}; "
+            f"most sensitive nodes: {sensitive}")
+
+
+def _table_row(r: LayerStats) -> dict:
+    row = asdict(r)
+    return {k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v) for k, v in row.items()}
+
+
+def ranked_promotion_units(report: StepReport) -> list[list[str]]:
+    """Return the tensors to promote to 16 bits, most sensitive first, from an error-isolation report."""
+    rows = sorted(report.tables.get("per_layer", []), key=lambda r: r["sensitivity_rank"])
+    return [[t for t in r["fused_tensors"].split(";") if t] + [r["tensor"]] for r in rows]
+
+
+def _write_artifacts(rows: list[LayerStats], first: LayerStats | None, cache: ArtifactCache) -> dict[str, Path]:
+    """Write the SQNR plot (cached by the table's content); the table itself goes out as CSV with the report."""
+    key = content_key("error-isolation-plot-v1", [_table_row(r) for r in rows])
+
+    def build(out: Path) -> None:
+        plot_sqnr(rows, first, out / "sqnr_along_graph.png")
+
+    return {"sqnr_plot": cache.entry("error_isolation", key, build).path / "sqnr_along_graph.png"}
+
+
+def plot_sqnr(rows: list[LayerStats], first: LayerStats | None, path: Path) -> Path:
+    """Write a PNG of SQNR (and cosine similarity) along the graph, HTP and host; return path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    cap = 100.0
+    x = [r.index for r in rows]
+    fig = Figure(figsize=(max(6.0, min(18.0, 0.25 * len(rows) + 4)), 6.0), layout="constrained")
+    ax, ax2 = fig.subplots(2, 1, sharex=True, height_ratios=[2, 1])
+    ax.plot(x, [min(r.sqnr_host_db, cap) for r in rows], "o-", ms=3, label="host QDQ emulation")
+    ax.plot(x, [min(r.sqnr_htp_db, cap) for r in rows], "s-", ms=3, label="device htp")
+    ax.set_ylabel("SQNR vs float (dB)")
+    ax.set_title("Layer-by-layer error isolation (topological order)")
+    ax2.plot(x, [r.cosine_host for r in rows], "o-", ms=3)
+    ax2.plot(x, [r.cosine_htp for r in rows], "s-", ms=3)
+    ax2.axhline(MATH_ERROR_COSINE, color="red", ls="--", lw=1, label=f"cosine {MATH_ERROR_COSINE}")
+    ax2.set_ylabel("cosine similarity")
+    ax2.set_xlabel("compared tensor")
+    if first is not None:
+        for a in (ax, ax2):
+            a.axvline(first.index, color="red", lw=1, alpha=0.6)
+        ax.annotate(f"first divergent: {first.node}", (first.index, min(first.sqnr_htp_db, cap)),
+                    textcoords="offset points", xytext=(8, 8), color="red", fontsize=8)
+    if len(rows) <= 40:
+        ax2.set_xticks(x, [r.node for r in rows], rotation=70, ha="right", fontsize=7)
+    ax.legend(fontsize=8)
+    ax2.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    ax2.grid(alpha=0.3)
+    fig.savefig(path, dpi=100)
+    return path

@@ -1,0 +1,212 @@
+"""Step 5, performance profiling: latency on the device's runtime, QNN's per-op profile, peak
+memory, and an analytic estimate of on-device latency.
+
+Latency follows a rule like MLPerf's: warm-up runs, then at least N iterations and at least D
+seconds, every iteration timed on the device; statistics are computed here. The per-op table
+comes from a separate, short run with QNN detailed profiling (profiling slows execution, so
+it never overlaps the timed loop). On the emulator every number comes from the HTP simulator
+and is labelled `latency_source: simulator`.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from harness.data import Feed
+from harness.devices import SocSpec
+from harness.errors import StepError
+from harness.estimate import estimate_latency, graph_cost
+from harness.kpi import Limit
+from harness.models import Thresholds
+from harness.profiling import QnnProfile, median_execute, op_table, parse_profile_csv
+from harness.runner.client import DeviceRunner, RunResult
+from harness.steps.context_binary import ContextBinary
+from harness.steps.report import StepReport
+
+PROFILE_ITERATIONS = 3  # executions recorded by the detailed-profiling run (medians are taken)
+TOP_OPS = 5
+
+
+@dataclass(frozen=True)
+class MeasureRule:
+    """How long to measure: warm-up runs, then at least min_iterations and at least min_duration_s."""
+
+    min_iterations: int
+    min_duration_s: float
+    warmup: int
+
+    def __str__(self) -> str:
+        return (f"{self.warmup} warm-up runs, then at least {self.min_iterations} iterations "
+                f"and at least {self.min_duration_s:g} s")
+
+
+EMULATOR_RULE = MeasureRule(min_iterations=20, min_duration_s=1.0, warmup=3)
+DEVICE_RULE = MeasureRule(min_iterations=100, min_duration_s=10.0, warmup=10)
+
+
+def default_rule(transport: str, min_iterations: int | None = None, min_duration_s: float | None = None,
+                 warmup: int | None = None) -> MeasureRule:
+    """Return the measurement rule for a device transport (small on the emulator, larger on
+    hardware reached over adb/ssh), with any given value overriding the default."""
+    base = EMULATOR_RULE if transport == "emulator" else DEVICE_RULE
+    return MeasureRule(base.min_iterations if min_iterations is None else min_iterations,
+                       base.min_duration_s if min_duration_s is None else min_duration_s,
+                       base.warmup if warmup is None else warmup)
+
+
+@dataclass(frozen=True)
+class LatencyStats:
+    """Latency statistics over the timed iterations, in milliseconds."""
+
+    min: float
+    p50: float
+    p90: float
+    p99: float
+    max: float
+    mean: float
+    std: float
+    iterations: int
+
+    def as_dict(self) -> dict[str, float]:
+        """The statistics as the `latency_ms` KPI object."""
+        return {"min": self.min, "p50": self.p50, "p90": self.p90, "p99": self.p99, "max": self.max,
+                "mean": self.mean, "std": self.std}
+
+
+def latency_stats(times_s: Sequence[float]) -> LatencyStats:
+    """Return min, p50, p90, p99, max, mean and sample standard deviation of times_s, in ms
+    (numpy's linear-interpolation percentiles). Raises StepError for no times."""
+    ms = np.asarray(times_s, dtype=np.float64) * 1000.0
+    if ms.size == 0:
+        raise StepError("no timed iterations to compute latency statistics from")
+    p50, p90, p99 = np.percentile(ms, [50, 90, 99])
+    return LatencyStats(float(ms.min()), float(p50), float(p90), float(p99), float(ms.max()), float(ms.mean()),
+                        float(ms.std(ddof=1)) if ms.size > 1 else 0.0, int(ms.size))
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """A timed run on the device: statistics, every iteration in ms, loop wall time, peak memory."""
+
+    stats: LatencyStats
+    times_ms: list[float]
+    duration_s: float
+    peak_rss_mb: float | None
+    run: RunResult
+
+
+def measure_latency(runner: DeviceRunner, model: Path, feeds: list[Feed], runtime: str,
+                    rule: MeasureRule, intra_op_threads: int = 0) -> Measurement:
+    """Time model on the device's runtime over feeds under rule; return the measurement
+    (intra_op_threads: onnxruntime's CPU threads, 0 for its default)."""
+    run = runner.run(model, feeds, runtime, warmup=rule.warmup, min_iterations=rule.min_iterations,
+                     min_duration_s=rule.min_duration_s, intra_op_threads=intra_op_threads)
+    return Measurement(latency_stats(run.iteration_s), [t * 1000.0 for t in run.iteration_s], run.measured_s,
+                       run.peak_rss_mb, run)
+
+
+def detailed_profile(runner: DeviceRunner, model: Path, feed: Feed, keep_dir: Path) -> QnnProfile:
+    """Run model on the device's HTP with QNN detailed profiling; return the parsed profile."""
+    runner.run(model, [feed], "htp", profiling_level="detailed", min_iterations=PROFILE_ITERATIONS,
+               keep_dir=keep_dir)
+    csv_path = keep_dir / "qnn_profile.csv"
+    if not csv_path.is_file():
+        raise StepError(f"the device runner wrote no QNN profile for {model.name}")
+    return parse_profile_csv(csv_path)
+
+
+def _op_types(model: Path) -> dict[str, str]:
+    import onnx
+
+    return {n.name: n.op_type for n in onnx.load(str(model), load_external_data=False).graph.node if n.name}
+
+
+def profile(ctx: ContextBinary, qdq_model: Path, feed: Feed, runner: DeviceRunner, soc: SocSpec,
+            thresholds: Thresholds, rule: MeasureRule, out_dir: Path, label: str,
+            placement: list[dict] | None = None) -> StepReport:
+    """Return the Step 5 report for the context binary on the device's `htp` runtime.
+
+    Writes a latency histogram, a per-op bar chart and the raw QNN profile CSV into out_dir and
+    lists them in the report's artifacts.
+    """
+    from harness import charts
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    source = "simulator" if runner.transport.device.transport == "emulator" else "device"
+    timed = measure_latency(runner, ctx.model, [feed], "htp", rule)
+    per_op_source = "context_binary"
+    qnn = detailed_profile(runner, ctx.model, feed, out_dir / "profile_run")
+    if not qnn.has_node_rows:
+        per_op_source = "qdq_model (the context binary's profile had no per-node rows)"
+        shutil.rmtree(out_dir / "profile_run", ignore_errors=True)
+        qnn = detailed_profile(runner, qdq_model, feed, out_dir / "profile_run")
+    rows = [r.as_dict() for r in op_table(qnn, _op_types(qdq_model))]
+    csv_path = out_dir / "qnn_profile.csv"
+    shutil.copyfile(qnn.path, csv_path)
+    execute = median_execute(qnn)
+    estimate = estimate_latency(graph_cost(qdq_model), soc)
+    report = StepReport("profile")
+    report.kpis = {
+        "runtime": "htp",
+        "artifact": "context_binary",
+        "latency_source": source,
+        "latency_ms": timed.stats.as_dict(),
+        "iterations": timed.stats.iterations,
+        "duration_s": timed.duration_s,
+        "warmup_iterations": rule.warmup,
+        "measurement_rule": str(rule),
+        "peak_rss_mb": timed.peak_rss_mb,
+        "top_ops": [{k: r[k] for k in ("node", "op_type", "cycles", "share")} for r in rows[:TOP_OPS]],
+        "per_op_source": per_op_source,
+        "profiled_executions": len(qnn.executions),
+        "ops_profiled": len(rows),
+        "total_op_cycles": sum(r["cycles"] for r in rows),
+        # the accelerator's own execute time per inference while detailed profiling ran (which slows it)
+        "profiled_accelerator_us": execute["accelerator_us"],
+        "estimated_latency_ms": estimate.latency_ms,
+        "estimated_latency_basis": estimate.basis,
+    }
+    if source == "simulator":
+        report.kpis["cycles_note"] = "simulated HTP cycles and times (HTP simulator), not a phone's"
+    if placement:
+        report.kpis["placement"] = {k: sum(r["placement"] == k for r in placement)
+                                    for k in sorted({r["placement"] for r in placement})}
+        report.tables["placement"] = placement
+    report.tables["per_op"] = rows
+    _budget(report, thresholds, source, timed.stats, estimate.latency_ms, soc)
+    report.artifacts["latency_histogram"] = charts.latency_histogram(
+        timed.times_ms, timed.stats.as_dict(), f"{label}: latency ({source}, {timed.stats.iterations} iterations)",
+        out_dir / "latency_histogram.png")
+    report.artifacts["per_op_cycles"] = charts.per_op_bars(
+        rows, f"{label}: top ops by cycles ({source})", out_dir / "per_op_cycles.png")
+    report.artifacts["qnn_profile_csv"] = csv_path
+    return report
+
+
+def _budget(report: StepReport, thresholds: Thresholds, source: str, stats: LatencyStats,
+            estimate_ms: float | None, soc: SocSpec) -> None:
+    """Hold the latency budget (when the model spec gives one) against the right number:
+    p90 measured on a real device; on the emulator the analytic estimate, because simulator
+    wall time is not a phone latency (a failure there means even the estimate misses it)."""
+    budget = thresholds.latency_budget_ms
+    if budget is None:
+        return
+    report.kpis["latency_budget_ms"] = budget
+    if source == "device":
+        value, basis = stats.p90, "p90 of the latency measured on the device"
+    else:
+        value = estimate_ms
+        basis = ("estimated_latency_ms (the emulator's latency is simulator wall time, not a phone's; "
+                 "the estimate is optimistic, so only a failure is conclusive)")
+    report.kpis["budget_latency_ms"] = value
+    report.kpis["budget_latency_basis"] = basis
+    if value is None:
+        report.failures.append(f"latency budget {budget:g} ms cannot be checked on the emulator: the catalog has "
+                               f"neither int8_tops nor ddr_bandwidth_gbps for {soc.id} (add them to devices.yaml)")
+        return
+    report.limits.append(Limit("budget_latency_ms", maximum=budget))

@@ -1,0 +1,290 @@
+"""Step 3, stage 4: a sweep of quantization strategies, each run on the device's HTP and ranked.
+
+The matrix (`full`): calibration MinMax / Entropy / Percentile × per-tensor / per-channel weights ×
+asymmetric / symmetric × 8- / 16-bit activations. `quick` picks four candidates that cover the
+axes cheaply. Each candidate is quantized (cached by recipe, like every artifact), run on `htp` over
+the evaluation data and ranked: candidates meeting the model's KPI first, then by task metric, then
+by cosine similarity. Host-side quantization always runs in parallel; device runs do too when the
+device is the local emulator (its HTP simulator runs on the host's cores), and one at a time on a
+real device with one HTP.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness.cache import ArtifactCache, content_key
+from harness.data import Dataset, Feed, feeds_digest
+from harness.errors import HarnessError, StepError
+from harness.kpi import Limit, check_all
+from harness.models import Thresholds
+from harness.runner.client import DeviceRunner
+from harness.runner.device_runner import RUNNER_VERSION
+from harness.steps.inference import task_metric
+from harness.steps.ptq import QuantRecipe, compare_quantized, quantize
+from harness.steps.report import StepReport
+
+SWEEP_MODES = ("off", "quick", "full")
+CALIBRATION_METHODS = ("MinMax", "Entropy", "Percentile")
+EIGHT_BIT = ("QUInt8", "QInt8")
+# onnxruntime's quantize_static runs entropy calibration with 128 histogram bins for 128 quantized
+# bins, which leaves one candidate threshold (the full range) and so equals MinMax. Entropy
+# candidates therefore get their ranges from onnxruntime's EntropyCalibrater run with 2048 bins
+# (as TensorRT's entropy calibration does), passed to the quantizer as rmin/rmax overrides.
+ENTROPY_NUM_BINS = 2048
+ENTROPY_QUANTIZED_BINS = 128
+
+
+@dataclass(frozen=True)
+class AccuracyOptions:
+    """What the accuracy-recovery steps are asked to do (from the command line)."""
+
+    sweep: str = "quick"
+    encodings: dict = field(default_factory=dict)  # a parsed --quantization-overrides document
+    encodings_file: str = ""
+    error_isolation_samples: int = 4
+
+
+@dataclass
+class Candidate:
+    """One quantization strategy tried: its recipe, QDQ model and KPIs on the HTP, or why it failed."""
+
+    recipe: QuantRecipe
+    model: Path | None = None
+    kpis: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    meets: bool = False
+
+    @property
+    def name(self) -> str:
+        """The recipe's readable id."""
+        return self.recipe.name
+
+    def summary(self) -> dict[str, Any]:
+        """Return the candidate as one row of the sweep's KPIs."""
+        return {"name": self.name, "task_metric": self.kpis.get("task_metric"),
+                "cosine_similarity": self.kpis.get("cosine_similarity"), "sqnr_db": self.kpis.get("sqnr_db"),
+                "task_metric_drop": self.kpis.get("task_metric_drop"), "meets_kpi": self.meets,
+                "model_bytes": self.kpis.get("model_bytes"), "mean_inference_ms": self.kpis.get("mean_inference_ms"),
+                "error": self.error}
+
+    def describe(self) -> str:
+        """Return a one-line account of the candidate, for failure messages."""
+        if self.error:
+            return f"{self.name}: error: {self.error.splitlines()[0]}"
+        k = self.kpis
+        return (f"{self.name}: {k['task_metric_name']} {k['task_metric']:.4g} (drop {k['task_metric_drop']:.4g}), "
+                f"cosine {k['cosine_similarity']:.4f}, SQNR {k['sqnr_db']:.1f} dB")
+
+
+def accuracy_limits(thresholds: Thresholds) -> list[Limit]:
+    """Return the model's accuracy KPI rules (the ones PTQ is held to)."""
+    return [Limit("task_metric_drop", maximum=thresholds.max_task_metric_drop),
+            Limit("cosine_similarity", minimum=thresholds.min_cosine_similarity),
+            Limit("sqnr_db", minimum=thresholds.min_sqnr_db)]
+
+
+def candidate_recipes(mode: str, base: QuantRecipe) -> list[QuantRecipe]:
+    """Return the recipes a sweep mode tries, derived from base (its overrides are kept)."""
+    def recipe(method: str, per_channel: bool, symmetric: bool, act16: bool) -> QuantRecipe:
+        signed_weights = per_channel or symmetric  # the HTP wants per-channel weights signed-symmetric
+        return replace(base, calibrate_method=method, per_channel=per_channel, activation_symmetric=symmetric,
+                       activation_type="QUInt16" if act16 else "QUInt8",
+                       weight_type="QInt8" if signed_weights else "QUInt8",
+                       weight_symmetric=True if signed_weights else None)
+
+    if mode == "quick":
+        return [recipe("MinMax", False, False, False), recipe("MinMax", True, False, False),
+                recipe("Percentile", False, False, False), recipe("MinMax", False, False, True)]
+    if mode == "full":
+        return [recipe(m, pc, sym, a16) for a16 in (False, True) for m in CALIBRATION_METHODS
+                for pc in (False, True) for sym in (False, True)]
+    raise HarnessError(f"sweep mode '{mode}' has no candidates (choose one of {', '.join(SWEEP_MODES)})")
+
+
+def evaluate_recipe(recipe: QuantRecipe, model: Path, dataset: Dataset, reference: list[Feed],
+                    runner: DeviceRunner, thresholds: Thresholds, cache: ArtifactCache,
+                    device_lock: threading.Lock | None = None, push_lock: threading.Lock | None = None) -> Candidate:
+    """Quantize model with recipe, run it on `htp` over the evaluation data; return the Candidate.
+
+    A HarnessError (quantization failed, the HTP rejected the model) is recorded in the candidate.
+    """
+    candidate = Candidate(recipe)
+    try:
+        if recipe.calibrate_method == "Entropy":
+            recipe = candidate.recipe = with_entropy_ranges(recipe, model, dataset.calibration, cache)
+        with _private_copy(model, cache) as own:
+            candidate.model = quantize(own, dataset.calibration, recipe, cache)
+        candidate.kpis = _candidate_kpis(candidate.model, recipe, dataset, reference, runner, cache,
+                                         device_lock, push_lock)
+    except HarnessError as e:
+        candidate.error = str(e)
+        return candidate
+    candidate.meets = all(v.passed for v in check_all(candidate.kpis, accuracy_limits(thresholds)))
+    return candidate
+
+
+def _candidate_kpis(model: Path, recipe: QuantRecipe, dataset: Dataset, reference: list[Feed],
+                    runner: DeviceRunner, cache: ArtifactCache, device_lock: threading.Lock | None,
+                    push_lock: threading.Lock | None) -> dict[str, Any]:
+    """Return a candidate's KPIs from its `htp` run over the evaluation data.
+
+    The result is cached per (candidate model, data, float reference, device, runner), like the
+    candidate model itself, so a re-run of the sweep ranks from the cache; the chosen model is
+    run again by the steps after it.
+    """
+    labels = [] if dataset.labels is None else np.asarray(dataset.labels).tolist()
+    key = content_key("sweep-eval-v1", model, feeds_digest(dataset.evaluation), feeds_digest(reference), labels,
+                      runner.transport.device.id, runner.transport.soc.id, RUNNER_VERSION)
+
+    def build(out: Path) -> None:
+        with push_lock or contextlib.nullcontext():
+            runner.push_model(model)
+        with device_lock or contextlib.nullcontext():
+            run = runner.run(model, dataset.evaluation, "htp")
+        float_metric = task_metric(reference, dataset, reference)
+        kpis = {"recipe": recipe.name, **compare_quantized(run.outputs, reference, dataset, float_metric),
+                "model_bytes": model.stat().st_size,
+                "mean_inference_ms": 1000 * float(np.mean(run.inference_s)) if run.inference_s else None,
+                "latency_source": latency_source(runner)}
+        (out / "kpis.json").write_text(json.dumps(kpis, indent=1, default=float))
+
+    entry = cache.entry("sweep_eval", key, build)
+    return {**json.loads((entry.path / "kpis.json").read_text()), "cached": entry.hit}
+
+
+def entropy_ranges(model: Path, calibration: list[Feed], cache: ArtifactCache,
+                   symmetric: bool) -> dict[str, list[float]]:
+    """Return {tensor: [rmin, rmax]} from onnxruntime's EntropyCalibrater with ENTROPY_NUM_BINS bins (cached)."""
+    def build(out: Path) -> None:
+        from onnxruntime.quantization.calibrate import CalibrationMethod, create_calibrator
+
+        from harness.calibration import FeedReader
+
+        with _private_copy(model, cache) as own:
+            try:
+                calibrator = create_calibrator(
+                    own, None, augmented_model_path=str(own.parent / "augmented.onnx"),
+                    calibrate_method=CalibrationMethod.Entropy,
+                    extra_options={"num_bins": ENTROPY_NUM_BINS, "num_quantized_bins": ENTROPY_QUANTIZED_BINS,
+                                   "symmetric": symmetric})
+                calibrator.collect_data(FeedReader(calibration))
+                data = calibrator.compute_data()
+            except Exception as e:
+                raise StepError(f"entropy calibration of {model.name} failed: {type(e).__name__}: {e}") from None
+        ranges = {name: [float(np.asarray(v).ravel()[0]) for v in data[name].range_value] for name in data}
+        (out / "ranges.json").write_text(json.dumps(ranges, indent=1, sort_keys=True))
+
+    key = content_key("entropy-ranges-v1", model, feeds_digest(calibration), ENTROPY_NUM_BINS,
+                      ENTROPY_QUANTIZED_BINS, symmetric)
+    return json.loads((cache.entry("entropy_ranges", key, build).path / "ranges.json").read_text())
+
+
+def with_entropy_ranges(recipe: QuantRecipe, model: Path, calibration: list[Feed],
+                        cache: ArtifactCache) -> QuantRecipe:
+    """Return recipe with the entropy ranges of every activation as rmin/rmax overrides; tensors the
+    recipe already overrides (user encodings, 16-bit promotions) keep their overrides."""
+    pinned = set(recipe.tensor_overrides) | set(recipe.encodings.get("activation_encodings", {}))
+    ranges = entropy_ranges(model, calibration, cache, recipe.activation_symmetric)
+    extra = {t: [{"rmin": lo, "rmax": hi}] for t, (lo, hi) in ranges.items() if t not in pinned and hi > lo}
+    return replace(recipe, tensor_overrides={**extra, **recipe.tensor_overrides})
+
+
+@contextlib.contextmanager
+def _private_copy(model: Path, cache: ArtifactCache):
+    """Yield a hard link (or copy) of model and its siblings in a directory of its own.
+
+    onnxruntime's quantizer writes `<model>-inferred.onnx` beside its input and deletes it, so
+    quantizations of one model path in parallel would race; the cache key is content-based, so the
+    copy quantizes to the same cache entry.
+    """
+    with tempfile.TemporaryDirectory(prefix=".sweep-", dir=cache.root) as tmp:
+        for src in Path(model).parent.iterdir():
+            if src.is_file() and src.suffix != ".lock":
+                try:
+                    os.link(src, Path(tmp) / src.name)
+                except OSError:
+                    shutil.copyfile(src, Path(tmp) / src.name)
+        yield Path(tmp) / Path(model).name
+
+
+def latency_source(runner: DeviceRunner) -> str:
+    """'simulator' on the emulator (HTP simulator wall time, not a phone latency), else 'device'."""
+    return "simulator" if runner.transport.device.transport == "emulator" else "device"
+
+
+def rank(candidates: list[Candidate]) -> list[Candidate]:
+    """Return candidates best first: meeting the KPI, then by task metric, then by cosine similarity."""
+    def key(c: Candidate):
+        if c.error is not None:
+            return (2, 0.0, 0.0)
+        return (0 if c.meets else 1, -c.kpis["task_metric"], -c.kpis["cosine_similarity"])
+
+    return sorted(candidates, key=key)
+
+
+def evaluate_all(recipes: list[QuantRecipe], model: Path, dataset: Dataset, reference: list[Feed],
+                 runner: DeviceRunner, thresholds: Thresholds, cache: ArtifactCache,
+                 max_workers: int | None = None) -> tuple[list[Candidate], int]:
+    """Evaluate recipes in parallel where the machine allows; return the ranked candidates and the
+    number of workers used."""
+    workers = max(1, min(len(recipes), max_workers or os.cpu_count() or 1))
+    runner.deploy()
+    with tempfile.TemporaryDirectory(prefix="harness-sweep-") as tmp:
+        runner.push_feeds(dataset.evaluation, Path(tmp))  # staged once, before the threads share it
+    device_lock = None if latency_source(runner) == "simulator" else threading.Lock()
+    push_lock = threading.Lock()
+
+    def one(recipe: QuantRecipe) -> Candidate:
+        return evaluate_recipe(recipe, model, dataset, reference, runner, thresholds, cache, device_lock, push_lock)
+
+    if workers == 1:
+        return rank([one(r) for r in recipes]), 1
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sweep") as pool:
+        return rank(list(pool.map(one, recipes))), workers
+
+
+def sweep(model: Path, dataset: Dataset, reference: list[Feed], runner: DeviceRunner, thresholds: Thresholds,
+          cache: ArtifactCache, base: QuantRecipe, mode: str,
+          max_workers: int | None = None) -> tuple[StepReport, list[Candidate]]:
+    """Return the sweep report and the ranked candidates; the step fails, listing what was tried,
+    when no candidate meets the model's KPI."""
+    recipes = candidate_recipes(mode, base)
+    start = time.perf_counter()
+    candidates, workers = evaluate_all(recipes, model, dataset, reference, runner, thresholds, cache, max_workers)
+    report = StepReport("sweep")
+    best = next((c for c in candidates if c.error is None), None)
+    report.kpis = {"mode": mode, "runtime": "htp", "samples": len(dataset.evaluation),
+                   "candidates": [c.summary() for c in candidates],
+                   "best": best.name if best else None,
+                   "best_meets_kpi": bool(best and best.meets),
+                   "candidates_meeting_kpi": sum(c.meets for c in candidates),
+                   "candidates_failed": sum(c.error is not None for c in candidates),
+                   "candidates_from_cache": sum(bool(c.kpis.get("cached")) for c in candidates),
+                   "parallel_workers": workers, "wall_s": time.perf_counter() - start}
+    if best is not None:
+        for name in ("task_metric_name", "task_metric", "float_task_metric", "task_metric_drop",
+                     "cosine_similarity", "sqnr_db"):
+            report.kpis[name] = best.kpis[name]
+    report.limits = accuracy_limits(thresholds)
+    report.tables["candidates"] = [c.summary() for c in candidates]
+    if not any(c.meets for c in candidates):
+        report.failures.append(f"no candidate of the '{mode}' sweep met the KPI "
+                               f"({'; '.join(str(lim) for lim in report.limits)}); tried: "
+                               + " | ".join(c.describe() for c in candidates))
+    report.notes.extend(dataset.warnings)
+    if best is not None:
+        report.artifacts["best_model"] = best.model
+    return report, candidates

@@ -1,0 +1,10 @@
+"""Step 3, stage 5: mixed precision meets the KPI, and the final encodings are exported for QAIRT."""
+
+import pytest
+
+
+@pytest.mark.step("mixed_precision")
+def test_mixed_precision(mixed_precision, check_accuracy):
+    report = check_accuracy(mixed_precision)
+    assert report.kpis["met_threshold"]
+    assert report.artifacts["encodings"].is_file()

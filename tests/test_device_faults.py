@@ -1,0 +1,132 @@
+"""Faults: bounded retries with backoff, devices taken out of the session, the others going on."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.cache import ArtifactCache
+from harness.devices import load_devices_file
+from harness.errors import DeviceLostError, TransientTransportError, TransportError
+from harness.session import DevicePool
+from harness.transports.retry import Backoff, retry_call
+from servers import ADB, adb_server, emulated_phone, write_devices_file
+
+SUITES = Path(__file__).resolve().parent.parent / "suites"
+FIRST_STEPS = [str(SUITES / name) for name in ("test_01_feasibility.py", "test_02_conversion.py",
+                                               "test_03_float_baseline.py", "test_04_ptq.py")]
+
+
+# --------------------------------------------------------------------------- retry
+
+
+def test_backoff_delays_are_exponential_and_capped():
+    assert Backoff(attempts=5, initial_s=0.5, factor=2, max_s=3).delays_s() == [0.5, 1.0, 2.0, 3.0]
+    assert Backoff(attempts=1).delays_s() == [] and Backoff(attempts=3, initial_s=1).total_wait_s == 3.0
+
+
+def test_retry_call_retries_transient_errors_then_gives_up():
+    calls, waits, reconnects = [], [], []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise TransientTransportError("connection reset")
+        return "ok"
+
+    assert retry_call(flaky, backoff=Backoff(attempts=3, initial_s=0.1), retry_on=(TransientTransportError,),
+                      on_retry=lambda attempt, e: reconnects.append(attempt), sleep=waits.append) == "ok"
+    assert (len(calls), waits, reconnects) == (3, [0.1, 0.2], [2, 3])
+
+    def dead():
+        raise TransientTransportError("connection refused")
+
+    waits.clear()
+    with pytest.raises(TransientTransportError, match="refused"):
+        retry_call(dead, backoff=Backoff(attempts=4, initial_s=1, max_s=1.5), retry_on=(TransientTransportError,),
+                   sleep=waits.append)
+    assert waits == [1, 1.5, 1.5]
+
+
+def test_retry_call_does_not_retry_other_errors():
+    calls = []
+
+    def broken():
+        calls.append(1)
+        raise TransportError("permission denied")
+
+    with pytest.raises(TransportError):
+        retry_call(broken, backoff=Backoff(attempts=5), retry_on=(TransientTransportError,), sleep=lambda s: None)
+    assert len(calls) == 1
+
+
+# --------------------------------------------------------------------------- the pool
+
+
+def test_pool_takes_a_device_that_cannot_connect_out_of_the_session(tmp_path):
+    devices = load_devices_file(write_devices_file(tmp_path / "devices.yaml", [
+        {"id": "ghost", "soc": "sm8650", "transport": "ssh", "host": "127.0.0.1", "port": 1, "user": "u",
+         "key_file": str(Path(__file__)), "known_hosts": str(tmp_path / "kh")},
+        {"id": "emu", "soc": "sm8650", "transport": "emulator"}]))
+    pool = DevicePool(ArtifactCache(tmp_path / "cache"))
+    import harness.transports.ssh as ssh_module
+
+    ssh_module.SshTransport.backoff = Backoff(attempts=1)
+    try:
+        with pytest.raises(TransportError, match="cannot connect to u@127.0.0.1:1"):
+            pool.runner(devices.devices[0], devices)
+    finally:
+        del ssh_module.SshTransport.backoff
+    assert pool.failure("ghost").startswith("connecting failed")
+    with pytest.raises(DeviceLostError, match="device ghost was taken out of the session after: connecting failed"):
+        pool.runner(devices.devices[0], devices)
+    runner = pool.runner(devices.devices[1], devices)
+    runner.transport.lost_reason = "stopped answering: test"
+    assert pool.failure("emu") == "stopped answering: test"
+    pool.close()  # a lost device is closed without cleanup, and nothing raises
+
+
+# --------------------------------------------------------------------------- a session with a dying device
+
+KILLER = '''
+import os, signal
+
+def pytest_runtest_setup(item):
+    pid = os.environ.get("HARNESS_TEST_KILL_PID")
+    if pid and "test_float_baseline[adb-dev" in item.nodeid:
+        os.environ.pop("HARNESS_TEST_KILL_PID")
+        os.kill(int(pid), signal.SIGKILL)  # the phone vanishes mid-session
+'''
+
+
+@pytest.mark.skipif(ADB is None, reason="the `adb` binary is not installed")
+def test_a_device_that_disconnects_mid_run_errors_and_the_others_go_on(pytester, session_cache_dir, tmp_path,
+                                                                       monkeypatch):
+    with adb_server(tmp_path / "adbhome") as adb, \
+            emulated_phone(adb, "sm8650", tmp_path / "phone", subprocess_mode=True) as phone:
+        devices = write_devices_file(tmp_path / "devices.yaml", [
+            phone.device_entry(), {"id": "emu", "soc": "sm8650", "transport": "emulator"}])
+        pytester.makepyfile(killer=KILLER)
+        monkeypatch.setenv("HARNESS_TEST_KILL_PID", str(phone.proc.pid))
+        kpi = tmp_path / "kpi.json"
+        result = pytester.runpytest_subprocess(
+            *FIRST_STEPS, "-p", "killer", "-p", "no:cacheprovider", "--devices-file", str(devices),
+            "--device", "adb-dev", "--device", "emu", "--cache-dir", str(session_cache_dir),
+            "--kpi-json", str(kpi), "--telemetry-interval", "0.2", "-rA")
+    result.assert_outcomes(passed=6, errors=2)
+    result.stdout.fnmatch_lines([
+        "*ERROR at setup of test_float_baseline[[]adb-dev-digits_cnn[]]*",
+        "device adb-dev was taken out of the session after: disconnected*",
+        "*ERROR at setup of test_ptq[[]adb-dev-digits_cnn[]]*",
+        "device adb-dev was taken out of the session after: disconnected*",
+        "*6 passed, 2 errors*",
+    ])
+    records = {(r["device"], r["step"]): r for r in json.loads(kpi.read_text())["records"]}
+    assert [records[("emu", s)]["outcome"] for s in ("feasibility", "conversion", "float_baseline", "ptq")] == \
+        ["passed"] * 4
+    assert records[("adb-dev", "feasibility")]["outcome"] == "passed"
+    assert records[("adb-dev", "float_baseline")]["outcome"] == "error"
+    assert "adb-dev" in records[("adb-dev", "float_baseline")]["message"]
+    assert records[("emu", "ptq")]["kpis"]["telemetry"]["source"] == "emulated"

@@ -1,0 +1,47 @@
+"""The repository's suites, unchanged, through the SSH transport (a real sshd on 127.0.0.1, this host's
+Python and HTP simulator as the "board") and through the adb transport (the real adb server and the
+emulated adb device), in one pytest session."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from servers import ADB, SSHD, adb_server, emulated_phone, ssh_server, write_devices_file
+
+SUITES = Path(__file__).resolve().parent.parent / "suites"
+SMALL_RUN = ["--min-duration", "0.2", "--min-iterations", "3", "--warmup-iterations", "0"]
+
+
+@pytest.mark.skipif(ADB is None or not Path(SSHD).exists(), reason="needs `adb` and openssh-server")
+def test_every_suite_passes_over_ssh_and_over_adb(pytester, session_cache_dir, tmp_path):
+    with ssh_server(tmp_path / "sshd") as sshd, adb_server(tmp_path / "adbhome") as adb, \
+            emulated_phone(adb, "sm8650", tmp_path / "phone") as phone:
+        devices = write_devices_file(tmp_path / "devices.yaml", [
+            sshd.device_entry("ssh-dev", soc="sm8650"), phone.device_entry("adb-dev")])
+        kpi, alluredir = tmp_path / "kpi.json", tmp_path / "allure"
+        result = pytester.runpytest_subprocess(
+            str(SUITES), "-p", "no:cacheprovider", "--devices-file", str(devices), "--device", "ssh-dev",
+            "--device", "adb-dev", "--cache-dir", str(session_cache_dir), "--kpi-json", str(kpi),
+            "--alluredir", str(alluredir), "--telemetry-interval", "0.25", *SMALL_RUN)
+        ssh_workdir = Path(sshd.device_entry()["workdir"])
+        phone_workdir = phone.sandbox / "data/local/tmp/harness"
+    outcomes = result.parseoutcomes()
+    assert result.ret == 0 and outcomes.get("passed", 0) >= 8 and "failed" not in outcomes, result.stdout.str()
+    # This x86 host has no socinfo: the SSH device's SoC is trusted with a warning (soc_detect: auto).
+    result.stdout.fnmatch_lines(["*SocDetectionWarning: device ssh-dev does not report its SoC*"])
+    records = json.loads(kpi.read_text())["records"]
+    steps = {d: {r["step"]: r for r in records if r["device"] == d} for d in ("ssh-dev", "adb-dev")}
+    assert set(steps["ssh-dev"]) == set(steps["adb-dev"]) >= {"feasibility", "conversion", "float_baseline", "ptq"}
+    assert all(r["outcome"] == "passed" for r in records), [(r["device"], r["step"], r["message"]) for r in records]
+    adb_ptq = steps["adb-dev"]["ptq"]["kpis"]["telemetry"]
+    assert adb_ptq["source"] == "emulated" and adb_ptq["samples"] >= 2 and adb_ptq["max_temp_c"] > 25
+    assert adb_ptq["mean_power_w"] > 0
+    ssh_ptq = steps["ssh-dev"]["ptq"]["kpis"]["telemetry"]
+    assert ssh_ptq["source"] == "measured" and ssh_ptq["samples"] >= 2  # no thermal zones on this host
+    attachments = [a for p in alluredir.glob("*-result.json") for a in json.loads(p.read_text()).get("attachments", [])]
+    csv = next(a for a in attachments if a["name"] == "ptq telemetry (emulated)")
+    assert (alluredir / csv["source"]).read_text().startswith("t_s,unix_time_s,cpuss-0_c")
+    assert not ssh_workdir.exists() and not phone_workdir.exists()  # work directories cleaned up
