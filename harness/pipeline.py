@@ -128,7 +128,11 @@ class Onboarding:
     @memoized
     def feasibility(self) -> StepReport:
         """Step 1 report."""
-        return feasibility.check_feasibility(self.fixed_model(), self.target.soc, self.runner, self.thresholds)
+        proxy = None
+        if feasibility.needs_quantized_placement(self.target.soc):
+            proxy = ptq.quantize(self.fixed_model(), self.dataset().calibration[:8], ptq.QuantRecipe(), self.cache)
+        return feasibility.check_feasibility(self.fixed_model(), self.target.soc, self.runner, self.thresholds,
+                                             placement_model=proxy)
 
     @memoized
     def conversion(self) -> StepReport:

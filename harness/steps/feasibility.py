@@ -70,14 +70,24 @@ def map_placement(model: onnx.ModelProto, placement: list[NodePlacement]) -> lis
     return rows
 
 
-def check_feasibility(model_path: Path, soc: SocSpec, runner: DeviceRunner, thresholds: Thresholds) -> StepReport:
+FIRST_FP16_HTP_ARCH = 69  # HTP v68 has no FP16: float graphs cannot be placed on it as they are
+
+
+def needs_quantized_placement(soc: SocSpec) -> bool:
+    """True when the SoC's HTP runs no float math, so op support must be checked on a QDQ model."""
+    return soc.htp_arch < FIRST_FP16_HTP_ARCH
+
+
+def check_feasibility(model_path: Path, soc: SocSpec, runner: DeviceRunner, thresholds: Thresholds,
+                      placement_model: Path | None = None) -> StepReport:
     """Return the feasibility report of a shape-fixed float model on the device's HTP.
 
     Placement comes from a real QNN EP session on the device (CPU fallback allowed, so every
-    unsupported node is found in one pass).
+    unsupported node is found in one pass), on placement_model when given (an 8-bit QDQ form of
+    the same graph, for HTPs without FP16), else on the float model.
     """
     model = onnx.load(str(model_path))
-    run = runner.run(model_path, None, "htp", allow_cpu_fallback=True, placement_only=True)
+    run = runner.run(placement_model or model_path, None, "htp", allow_cpu_fallback=True, placement_only=True)
     rows = map_placement(model, run.placement)
     unsupported = [r for r in rows if r["placement"] in ("CPU", "HTP+CPU")]
     on_htp = sum(r["placement"] == "HTP" for r in rows)
@@ -112,6 +122,9 @@ def check_feasibility(model_path: Path, soc: SocSpec, runner: DeviceRunner, thre
             f"{len(unsupported)} node(s) cannot run on the {soc.name} HTP (v{soc.htp_arch}): " +
             "; ".join(f"{r['node']} ({r['op_type']})" for r in unsupported) +
             ". Replace these ops, or package them as custom ops (qnn-op-package-generator).")
+    if placement_model is not None:
+        report.notes.append(f"the {soc.name} HTP (v{soc.htp_arch}) has no FP16: op placement was checked on an "
+                            "8-bit QDQ form of the model")
     if act_bytes_int8 > soc.vtcm_bytes:
         report.notes.append(f"largest activation '{act_name}' is {act_bytes_int8 / 2**20:.1f} MiB at 8 bits, "
                             f"more than the {soc.vtcm_mb:g} MiB VTCM: expect tiling and DDR traffic")
