@@ -134,3 +134,15 @@ def test_xdist_keeps_each_target_on_one_worker(run_suites, pytester):
     result.assert_outcomes(passed=8)
     assert sorted((r["model"], r["step"]) for r in records) == sorted(
         (m, s) for m in ("clf", "digits_cnn") for s in SPINE_STEPS)
+
+
+def test_htp_without_fp16_checks_placement_on_a_quantized_form(run_suites, pytester):
+    """HTP v68 (QCS6490) has no FP16: the float graph is placed as its 8-bit QDQ form."""
+    model = conv_classifier(pytester.path / "clf.onnx")
+    result, records = run_suites("--device", "qcs6490", "--model", str(model), "-k", "feasibility or ptq")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*HTP (v68) has no FP16: op placement was checked on an 8-bit QDQ form*"])
+    feas = by_step(records)["feasibility"]["kpis"]
+    # the quantizer folds Relu into the Conv's output encoding, so that node is 'eliminated'
+    assert (feas["nodes_total"], feas["nodes_on_htp"], feas["nodes_eliminated"]) == (4, 3, 1)
+    assert feas["htp_fraction"] == 1.0 and feas["unsupported_ops"] == []
