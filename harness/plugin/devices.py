@@ -11,25 +11,17 @@
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 
 from harness.errors import HarnessError
 from harness.plugin import SESSION_KEY, _KPIS_KEY
+from harness.plugin.option_types import bounded
 
 DEFAULT_TELEMETRY_INTERVAL_S = 0.5
 _SAMPLER_KEY = pytest.StashKey[object]()
 
 
-def _interval(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"'{text}' is not an interval in seconds (0 turns telemetry off)")
-    return value
+_interval = bounded(float, 0, "an interval in seconds (0 turns telemetry off)")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

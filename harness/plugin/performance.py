@@ -2,41 +2,14 @@
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 
 from harness.plugin import Outcome, _outcome
+from harness.plugin.option_types import bounded
 
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a positive whole number of iterations")
-    return value
-
-
-def _warmup(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number of warm-up runs (0 or more)")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"'{text}' is not a duration in seconds (0 or more)")
-    return value
+_count = bounded(int, 1, "a positive whole number of iterations")
+_warmup = bounded(int, 0, "a whole number of warm-up runs (0 or more)")
+_seconds = bounded(float, 0, "a duration in seconds (0 or more)")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
