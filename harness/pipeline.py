@@ -62,12 +62,16 @@ class Target:
 class Onboarding:
     """Artifacts and step reports for one Target, computed on demand."""
 
-    def __init__(self, target: Target, runner: DeviceRunner, cache: ArtifactCache) -> None:
+    def __init__(self, target: Target, runner: DeviceRunner, cache: ArtifactCache,
+                 accuracy: "sweep.AccuracyOptions | None" = None) -> None:
         self.target = target
         self.runner = runner
         self.cache = cache
+        self.accuracy = accuracy or sweep.AccuracyOptions()
         self.recipe = ptq.QuantRecipe()
-        self.accuracy = sweep.AccuracyOptions()
+        if self.accuracy.encodings:  # --quantization-overrides: PTQ quantizes with the given encodings
+            self.recipe = replace(self.recipe, encodings=self.accuracy.encodings,
+                                  encodings_file=self.accuracy.encodings_file)
         self._memo: dict[str, tuple[bool, object]] = {}
 
     @property
@@ -117,13 +121,6 @@ class Onboarding:
             return self.qdq_model()
         return mixed.artifacts["model"] if mixed.kpis.get("met_threshold") else self.qdq_model()
 
-    def configure_accuracy(self, options: sweep.AccuracyOptions) -> None:
-        """Apply the accuracy-recovery options (--sweep, --quantization-overrides) before any quantization."""
-        if "qdq_model" in self._memo:
-            raise StepError("accuracy options must be set before the model is quantized")
-        self.accuracy = options
-        if options.encodings:
-            self.recipe = replace(self.recipe, encodings=options.encodings, encodings_file=options.encodings_file)
 
     @memoized
     def feasibility(self) -> StepReport:

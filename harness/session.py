@@ -103,6 +103,7 @@ class HarnessSession:
     pool: DevicePool
     kpi_json: Path | None = None
     records: list[StepRecord] = field(default_factory=list)
+    accuracy: Any = None  # harness.steps.sweep.AccuracyOptions, set by harness.plugin.accuracy
 
     def write_kpi_json(self) -> None:
         """Write the records to --kpi-json atomically (no-op without the option)."""

@@ -216,7 +216,7 @@ def onboarding(target, harness_session):
         runner = harness_session.pool.runner(target.device, harness_session.devices)
     except HarnessError as e:
         pytest.fail(f"device {target.device.id}: {e}", pytrace=False)
-    return Onboarding(target, runner, harness_session.cache)
+    return Onboarding(target, runner, harness_session.cache, accuracy=harness_session.accuracy)
 
 
 @pytest.fixture(scope="session")

@@ -2,8 +2,8 @@
 
 Options: `--sweep off|quick|full` and `--quantization-overrides FILE` (a QAIRT/AIMET encodings
 JSON). The overrides file is validated at start-up; its tensor names are checked against the model
-when PTQ quantizes with it. Every Onboarding gets these options as it is created (the
-`pytest_fixture_setup` hook below), so PTQ already quantizes with the given encodings.
+when PTQ quantizes with it. They are kept in the run's HarnessSession, and every Onboarding is
+created with them, so PTQ already quantizes with the given encodings.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from harness.errors import HarnessError
+from harness.plugin import SESSION_KEY
 
-ACCURACY_KEY = pytest.StashKey["AccuracyOptions"]()
 SWEEP_MODES = ("off", "quick", "full")  # as harness.steps.sweep.SWEEP_MODES (not imported: heavy)
 
 
@@ -26,6 +26,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="QAIRT/AIMET encodings JSON (activation_encodings, param_encodings) to quantize with")
 
 
+@pytest.hookimpl(trylast=True)  # after the core plugin has made the HarnessSession
 def pytest_configure(config: pytest.Config) -> None:
     from harness.encodings import load_encodings
     from harness.steps.sweep import AccuracyOptions
@@ -37,22 +38,14 @@ def pytest_configure(config: pytest.Config) -> None:
             encodings, source = load_encodings(Path(path)).to_json(), str(Path(path).expanduser().resolve())
         except HarnessError as e:
             raise pytest.UsageError(f"--quantization-overrides: {e}") from None
-    config.stash[ACCURACY_KEY] = AccuracyOptions(sweep=config.getoption("sweep", "quick"),
-                                                 encodings=encodings, encodings_file=source)
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_fixture_setup(fixturedef: pytest.FixtureDef, request: pytest.FixtureRequest):
-    value = yield
-    if fixturedef.argname == "onboarding" and hasattr(value, "configure_accuracy"):
-        value.configure_accuracy(request.config.stash[ACCURACY_KEY])
-    return value
+    config.stash[SESSION_KEY].accuracy = AccuracyOptions(sweep=config.getoption("sweep", "quick"),
+                                                         encodings=encodings, encodings_file=source)
 
 
 @pytest.fixture(scope="session")
 def accuracy_options(pytestconfig: pytest.Config):
     """The AccuracyOptions of this run."""
-    return pytestconfig.stash[ACCURACY_KEY]
+    return pytestconfig.stash[SESSION_KEY].accuracy
 
 
 def _needs_value(outcome) -> None:
