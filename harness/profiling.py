@@ -4,8 +4,9 @@ The CSV has the header `Msg Timestamp,Message,Time,Unit of Measurement,Timing So
 Event Identifier`. Each graph execution writes a ROOT row `Accelerator (execute) time (cycles)`,
 then one NODE/SUB-EVENT row per HTP op, `<node>:OpId_<k> (cycles)` (or `Input OpId_2 (cycles)`
 for the graph's I/O ops), then ROOT rows `Accelerator (execute) time` and `QNN (execute) time`
-in microseconds. Load and finalize events come before the first execution. On the simulator
-cycles and times are simulated, not a phone's.
+in microseconds (with `profiling_level=basic` only these two, which then make the execution).
+Load and finalize events come before the first execution. On the simulator cycles and times are
+simulated, not a phone's.
 """
 
 from __future__ import annotations
@@ -111,11 +112,15 @@ def parse_profile_csv(path: Path) -> QnnProfile:
                 executions.append(current)
             key = f"{m.group('node')}#{m.group('op_id')}"
             current.node_cycles[key] = current.node_cycles.get(key, 0) + int(number)
-        elif level == "ROOT" and ident == "Accelerator (execute) time" and current is not None:
-            current.accelerator_us = _us(number, unit)
-        elif level == "ROOT" and ident == "QNN (execute) time" and current is not None:
-            current.qnn_execute_us = _us(number, unit)
-            current = None
+        elif level == "ROOT" and ident in ("Accelerator (execute) time", "QNN (execute) time"):
+            if current is None:  # profiling_level=basic: no cycles row opens the execution
+                current = Execution()
+                executions.append(current)
+            if ident == "QNN (execute) time":
+                current.qnn_execute_us = _us(number, unit)
+                current = None
+            else:
+                current.accelerator_us = _us(number, unit)
         elif level == "ROOT" and unit in ("US", "MS", "NS"):
             events.setdefault(ident, _us(number, unit))
     if not executions:

@@ -1,6 +1,7 @@
 """The device-side runner, through the emulator transport and directly, on the real HTP simulator."""
 
 import json
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -8,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.errors import RunnerError
-from harness.runner.client import RUNNER_SOURCE
+from harness.errors import DeviceLostError, RunnerError, TransportError
+from harness.runner.client import RUNNER_SOURCE, latency_source
 from harness.steps.inference import run_host
 from model_builders import conv_classifier, with_unsupported_op
 
@@ -35,12 +36,40 @@ def test_cpu_runtime_matches_host_and_reports_placement(sm8650_runner, classifie
     assert len(result.inference_s) == 3 and result.load_s > 0
 
 
+@pytest.mark.parametrize("runtime, machine, label", [
+    ("htp", "x86_64", "simulator"), ("htp", "AMD64", "simulator"),  # Linux / Windows on x86-64
+    ("htp", "aarch64", "device"), ("htp", "ARM64", "device"),  # Linux board or phone / Snapdragon PC
+    ("cpu", "x86_64", "host-cpu"), ("cpu", "aarch64", "device-cpu"), ("cpu", "ARM64", "device-cpu"),
+    ("htp", None, "unknown"), ("htp", "", "unknown"), ("htp", "riscv64", "unknown"),
+])
+def test_latency_source_follows_the_machine_the_runner_ran_on(runtime, machine, label):
+    assert latency_source(runtime, machine) == label
+
+
 def test_htp_runtime_places_every_node_on_htp(sm8650_runner, classifier):
     result = sm8650_runner.run(classifier, feeds(2), "htp")
+    assert (result.machine, result.system) == (platform.machine(), platform.system())  # the runner's own
+    assert result.latency_source == latency_source("htp", platform.machine())
     assert result.placement and all(p.on_htp for p in result.placement)
     host = run_host(classifier, feeds(2))
     out, ref = result.outputs[0]["logits"], host[0]["logits"]
     assert np.dot(out.ravel(), ref.ravel()) / np.linalg.norm(out) / np.linalg.norm(ref) > 0.99
+
+
+def test_a_device_lost_while_pulling_stays_a_device_loss(sm8650_runner, classifier, monkeypatch):
+    def pull(error):
+        def fail(remote, local):
+            raise error
+        return fail
+
+    lost = DeviceLostError("device sm8650-emu disconnected; it is taken out of this session", device="sm8650-emu")
+    monkeypatch.setattr(sm8650_runner.transport, "pull", pull(lost))
+    with pytest.raises(DeviceLostError) as caught:
+        sm8650_runner.run(classifier, feeds(1), "cpu")
+    assert caught.value is lost
+    monkeypatch.setattr(sm8650_runner.transport, "pull", pull(TransportError("no such file on device: jobs/x")))
+    with pytest.raises(RunnerError, match="runner produced no report: no such file on device"):
+        sm8650_runner.run(classifier, feeds(1), "cpu")
 
 
 def test_unsupported_op_fails_with_fallback_disabled_and_is_found_with_it(sm8650_runner, tmp_path):

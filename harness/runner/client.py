@@ -1,23 +1,35 @@
-"""Host side of the device runner: stage inputs in qnn-net-run's layout, run, collect outputs."""
+"""Host side of the device runner: stage inputs in qnn-net-run's layout, run, collect outputs.
+
+Two runners exist on a device: the harness's own Python runner (device_runner.py, where the
+device has a `python:`) and Qualcomm's qnn-net-run (adb devices without one; context binaries
+only, see harness.runner.qnn_net_run). Both leave a RunResult; RunResult.latency_source says
+whether its timings come from the HTP simulator or a device (see latency_source()).
+"""
 
 from __future__ import annotations
 
 import json
+import posixpath
 import shutil
 import tempfile
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from harness.data import Feed, feeds_digest
-from harness.errors import ContextMismatchError, RunnerError
-from harness.transports.base import Transport, sha256_file
+from harness.errors import ContextMismatchError, DeviceLostError, DeviceTimeoutError, RunnerError, TransportError
+from harness.transports.base import CommandResult, Transport, sha256_file
+
+if TYPE_CHECKING:
+    from harness.runner.qnn_net_run import QnnContextModel
 
 RUNNER_SOURCE = Path(__file__).with_name("device_runner.py")
 RUNNER_REMOTE = "bin/device_runner.py"
 CONTEXT_SIDECAR = "context.json"  # beside a compiled EPContext model: the SoC it was built for
+HTP_EP = "QNNExecutionProvider"
 
 
 @dataclass(frozen=True)
@@ -79,7 +91,34 @@ class NodePlacement:
     @property
     def on_htp(self) -> bool:
         """True when the QNN EP (HTP) runs this node."""
-        return self.ep == "QNNExecutionProvider"
+        return self.ep == HTP_EP
+
+
+X86_64_MACHINES = frozenset({"x86_64", "amd64", "x64"})
+ARM64_MACHINES = frozenset({"aarch64", "arm64", "aarch64_be", "armv8l", "armv8b"})
+
+
+def latency_source(runtime: str, machine: str | None) -> str:
+    """Return where the timings of a run on runtime ('htp' or 'cpu') on machine came from.
+
+    machine is platform.machine() (or `uname -m`) of the machine the runner ran on:
+
+    * 'simulator': the `htp` runtime on x86-64 (x86_64/AMD64). The QNN HTP backend there is
+      Qualcomm's Hexagon HTP simulator: real HTP numerics, but simulator wall time, not a phone's
+      latency. This holds for the emulator, for an SSH "board" that is an x86-64 host and for the
+      emulated adb phone alike.
+    * 'device': the `htp` runtime on aarch64/ARM64, i.e. the SoC's own HTP.
+    * 'host-cpu': the `cpu` runtime on x86-64 (an x86-64 machine's CPU, not a Snapdragon's).
+    * 'device-cpu': the `cpu` runtime on aarch64/ARM64 (the device's Arm CPU cores).
+    * 'unknown': the machine was not reported (an older runner) or is another architecture.
+    """
+    arch = (machine or "").strip().lower()
+    on_x86, on_arm = arch in X86_64_MACHINES, arch in ARM64_MACHINES
+    if not (on_x86 or on_arm):
+        return "unknown"
+    if runtime == "htp":
+        return "simulator" if on_x86 else "device"
+    return "host-cpu" if on_x86 else "device-cpu"
 
 
 @dataclass
@@ -96,19 +135,31 @@ class RunResult:
     iteration_s: list[float] = field(default_factory=list)  # the measurement loop's iterations
     measured_s: float = 0.0  # wall time of the measurement loop
     peak_rss_mb: float | None = None  # the runner process's peak resident memory
+    machine: str | None = None  # platform.machine() where the runner ran (x86_64, aarch64, AMD64, ARM64)
+    system: str | None = None  # platform.system() there (Linux, Windows)
+    runner: str = "python"  # 'python' (device_runner.py) or 'qnn-net-run'
+    notes: list[str] = field(default_factory=list)  # what the runner could not report, e.g. no timings
+
+    @property
+    def latency_source(self) -> str:
+        """Where this run's timings come from: 'simulator', 'device', 'host-cpu', 'device-cpu' or
+        'unknown' (see latency_source())."""
+        return latency_source(self.runtime, self.machine)
+
+
+def input_paths(feeds: list[Feed]) -> list[list[tuple[str, str]]]:
+    """Return, per feed, the (input name, raw file path relative to the data directory) pairs."""
+    return [[(name, f"inputs/{i}/{_safe(name)}.raw") for name in feed] for i, feed in enumerate(feeds)]
 
 
 def write_input_list(feeds: list[Feed], directory: Path) -> Path:
     """Write feeds as raw float32 files plus a qnn-net-run input list; return the list's path."""
     lines = []
-    for i, feed in enumerate(feeds):
-        items = []
-        for name, value in feed.items():
-            rel = f"inputs/{i}/{_safe(name)}.raw"
+    for feed, items in zip(feeds, input_paths(feeds)):
+        for name, rel in items:
             (directory / rel).parent.mkdir(parents=True, exist_ok=True)
-            np.ascontiguousarray(value, dtype=np.float32).tofile(directory / rel)
-            items.append(f"{name}:={rel}")
-        lines.append(" ".join(items))
+            np.ascontiguousarray(feed[name], dtype=np.float32).tofile(directory / rel)
+        lines.append(" ".join(f"{name}:={rel}" for name, rel in items))
     path = directory / "input_list.txt"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -136,6 +187,8 @@ class DeviceRunner:
         self.transport = transport
         self.timeout_s = timeout_s
         self._deployed = False
+        self._platform: tuple[str | None, str | None] | None = None  # the device's (machine, system)
+        self._qnn_net_run = None  # harness.transports.adb.QnnNetRun, once deployed
 
     def deploy(self) -> None:
         """Push the runner program to the device (skipped when it is already there)."""
@@ -178,19 +231,57 @@ class DeviceRunner:
 
         With min_iterations/min_duration_s, after the outputs pass the runner times a loop over the
         feeds until both minimums are met (RunResult.iteration_s).
+        On a device whose transport runs qnn-net-run (runner_kind 'qnn-net-run'), only a compiled
+        context binary runs, on `htp`, without a measurement loop (see run_qnn_net_run).
         Raises ContextMismatchError for a context binary compiled for another SoC than the device's
         (before anything is pushed), and RunnerError with the runner's own message when the model
-        cannot be loaded or run.
+        cannot be loaded or run. DeviceLostError and DeviceTimeoutError from the transport propagate.
         """
+        check_context_target(model, self.transport.soc, self.transport.device_id)
+        if self.transport.runner_kind == "qnn-net-run":
+            return self.run_qnn_net_run(model, feeds, runtime, placement_only=placement_only,
+                                        profiling_level=profiling_level, warmup=warmup, keep_dir=keep_dir,
+                                        min_iterations=min_iterations, min_duration_s=min_duration_s)
+        argv = self._runner_argv(model, runtime, allow_cpu_fallback=allow_cpu_fallback,
+                                 placement_only=placement_only, profiling_level=profiling_level, warmup=warmup,
+                                 min_iterations=min_iterations, min_duration_s=min_duration_s,
+                                 intra_op_threads=intra_op_threads)
+        job = f"jobs/{uuid.uuid4().hex[:12]}"
+        argv += ["--output_dir", f"{job}/out"]
+        with tempfile.TemporaryDirectory(prefix="harness-job-") as tmp:
+            tmp_dir = Path(tmp)
+            if feeds is not None and not placement_only:
+                argv += ["--input_list", self.push_feeds(feeds, tmp_dir / "in")]
+            out_dir = tmp_dir / "out"
+            try:
+                result = self.transport.run(argv, timeout_s=self.timeout_s)
+                report = self._pull_report(f"{job}/out", out_dir, argv, result)
+            finally:
+                self.transport.remove(job)
+            if report.get("error"):
+                raise RunnerError(f"device runner ({runtime}) on {Path(model).name}: {report['error']}",
+                                  device=self.transport.device_id, argv=argv, rc=result.rc)
+            outputs = read_results(out_dir, report)
+            _keep(out_dir, keep_dir)
+        return RunResult(outputs=outputs, runtime=runtime, load_s=float(report.get("load_s", 0.0)),
+                         inference_s=[float(t) for t in report.get("inference_s") or []],
+                         placement=[NodePlacement(**p) for p in report.get("placement") or []],
+                         report=report, workdir=keep_dir,
+                         iteration_s=[float(t) for t in report.get("iteration_s") or []],
+                         measured_s=float((report.get("measurement") or {}).get("duration_s", 0.0)),
+                         peak_rss_mb=report.get("peak_rss_mb"), machine=report.get("machine"),
+                         system=report.get("system"))
+
+    def _runner_argv(self, model: Path, runtime: str, *, allow_cpu_fallback: bool, placement_only: bool,
+                     profiling_level: str, warmup: int, min_iterations: int, min_duration_s: float,
+                     intra_op_threads: int) -> list[str]:
+        """Deploy the runner and the model; return the runner's argv (without output dir and input list)."""
         soc = self.transport.soc
-        check_context_target(model, soc, self.transport.device_id)
         self.deploy()
         remote_model = self.push_model(model)
-        job = f"jobs/{uuid.uuid4().hex[:12]}"
         argv = [*self.transport.python, RUNNER_REMOTE, "--model", remote_model, "--runtime", runtime,
-                "--output_dir", f"{job}/out", "--htp_arch", str(soc.htp_arch),
-                "--soc_model", str(soc.soc_model), "--profiling_level", profiling_level,
-                "--warmup", str(warmup)]
+                "--htp_arch", str(soc.htp_arch), "--soc_model", str(soc.soc_model),
+                "--profiling_level", profiling_level, "--warmup", str(warmup)]
         if min_iterations or min_duration_s:
             argv += ["--min_iterations", str(min_iterations), "--min_duration", repr(float(min_duration_s))]
         if intra_op_threads:
@@ -199,38 +290,167 @@ class DeviceRunner:
             argv.append("--allow_cpu_fallback")
         if placement_only:
             argv.append("--placement_only")
+        return argv
+
+    def _pull_report(self, remote_out: str, out_dir: Path, argv: list[str], result: CommandResult) -> dict:
+        """Pull the runner's output directory; return its runner_report.json.
+
+        Raises RunnerError when the report is missing or unreadable (naming the runner's exit code
+        and output); a device lost or timing out during the pull propagates as it is.
+        """
+        try:
+            self.transport.pull(remote_out, out_dir)
+            return json.loads((out_dir / "runner_report.json").read_text())
+        except (DeviceLostError, DeviceTimeoutError):
+            raise
+        except (TransportError, OSError, ValueError) as e:
+            if result.rc == 0:
+                raise RunnerError(f"runner produced no report: {e}", device=self.transport.device_id,
+                                  argv=argv, rc=result.rc, stderr=result.stderr) from None
+            raise RunnerError("device runner failed before writing its report",
+                              device=self.transport.device_id, argv=argv, rc=result.rc,
+                              stdout=result.stdout, stderr=result.stderr) from None
+
+    # ------------------------------------------------------------------ qnn-net-run
+
+    def device_platform(self) -> tuple[str | None, str | None]:
+        """Return the device's (machine, system) from `uname -m -s` (asked once; (None, None) when
+        it cannot say)."""
+        if self._platform is None:
+            machine = system = None
+            try:
+                result = self.transport.read_command(["uname", "-s", "-m"], timeout_s=30.0)
+                words = result.stdout.split()
+                if result.rc == 0 and len(words) == 2:
+                    system, machine = words
+            except (DeviceLostError, DeviceTimeoutError):
+                raise
+            except TransportError:
+                pass
+            self._platform = (machine, system)
+        return self._platform
+
+    def _qnn(self):  # type: ignore[no-untyped-def]
+        """Return the transport's QnnNetRun, its SDK files pushed once."""
+        if self._qnn_net_run is None:
+            from harness.transports.adb import QnnNetRun
+
+            qnn = QnnNetRun(self.transport)  # type: ignore[arg-type]
+            qnn.deploy()
+            self._qnn_net_run = qnn
+        return self._qnn_net_run
+
+    def run_qnn_net_run(self, model: Path, feeds: list[Feed] | None, runtime: str, *,
+                        placement_only: bool = False, profiling_level: str = "off", warmup: int = 0,
+                        keep_dir: Path | None = None, min_iterations: int = 0,
+                        min_duration_s: float = 0.0) -> RunResult:
+        """Run a compiled context binary with qnn-net-run on the device; return its RunResult.
+
+        Pushes qnn-net-run and the HTP libraries (once), the wrapper with its .bin, the feeds, and
+        an input list in the job directory; runs `qnn-net-run --retrieve_context <bin>` with the job
+        directory as cwd and reads Result_<N>/*.raw back with the wrapper's output names and shapes.
+        Placement is the EPContext node on the HTP; inference_s comes from qnn-net-run's profile
+        when profiling_level is not 'off' (else it is empty, with a note in RunResult.notes).
+        Raises RunnerError, saying what to do instead, for anything but a context binary on `htp`
+        over feeds (a QDQ/float model, the `cpu` runtime, placement_only, warm-up or a measurement
+        loop), and when qnn-net-run fails or leaves no outputs.
+        """
+        from harness.runner.qnn_net_run import (PYTHON_ENTRY_HINT, profile_timings, qnn_context_model,
+                                                read_qnn_results)
+
+        device_id = self.transport.device_id
+        refused = _qnn_refusal(runtime, feeds, placement_only, warmup, min_iterations, min_duration_s)
+        if refused:
+            raise RunnerError(f"device {device_id} runs Qualcomm's qnn-net-run (its devices.yaml entry has no "
+                              f"`python:`), which runs compiled context binaries on the HTP over input files "
+                              f"only: {refused} is not available; {PYTHON_ENTRY_HINT}", device=device_id)
+        ctx = qnn_context_model(model, device_id)
+        feeds = list(feeds or [])  # not empty: _qnn_refusal refuses a run without inputs
+        qnn = self._qnn()
+        remote_dir = posixpath.dirname(self.push_model(model))
+        job = f"jobs/{uuid.uuid4().hex[:12]}"
         with tempfile.TemporaryDirectory(prefix="harness-job-") as tmp:
             tmp_dir = Path(tmp)
-            if feeds is not None and not placement_only:
-                argv += ["--input_list", self.push_feeds(feeds, tmp_dir / "in")]
+            data_dir = posixpath.dirname(self.push_feeds(feeds, tmp_dir / "in"))
+            self._push_job_list(feeds, data_dir, job, tmp_dir)
+            argv = qnn.argv(posixpath.relpath(f"{remote_dir}/{ctx.context_file.name}", job), "input_list.txt",
+                            "out", profiling_level)
+            out_dir = tmp_dir / "out"
             try:
-                result = self.transport.run(argv, timeout_s=self.timeout_s)
-                out_dir = tmp_dir / "out"
-                try:
-                    self.transport.pull(f"{job}/out", out_dir)
-                    report = json.loads((out_dir / "runner_report.json").read_text())
-                except (OSError, ValueError, RunnerError, Exception) as e:
-                    if result.rc == 0:
-                        raise RunnerError(f"runner produced no report: {e}", device=self.transport.device_id,
-                                          argv=argv, rc=result.rc, stderr=result.stderr) from None
-                    raise RunnerError("device runner failed before writing its report",
-                                      device=self.transport.device_id, argv=argv, rc=result.rc,
-                                      stdout=result.stdout, stderr=result.stderr) from None
+                result = self.transport.run(argv, timeout_s=self.timeout_s, cwd=job)
+                self._pull_qnn_outputs(f"{job}/out", out_dir, argv, result)
             finally:
                 self.transport.remove(job)
-            if report.get("error"):
-                raise RunnerError(f"device runner ({runtime}) on {Path(model).name}: {report['error']}",
-                                  device=self.transport.device_id, argv=argv, rc=result.rc)
-            outputs = read_results(out_dir, report)
-            if keep_dir is not None:
-                keep_dir.mkdir(parents=True, exist_ok=True)
-                for name in ("runner_report.json", "qnn_profile.csv"):
-                    if (out_dir / name).exists():
-                        shutil.copyfile(out_dir / name, keep_dir / name)
-        return RunResult(outputs=outputs, runtime=runtime, load_s=float(report.get("load_s", 0.0)),
-                         inference_s=[float(t) for t in report.get("inference_s") or []],
-                         placement=[NodePlacement(**p) for p in report.get("placement") or []],
-                         report=report, workdir=keep_dir,
-                         iteration_s=[float(t) for t in report.get("iteration_s") or []],
-                         measured_s=float((report.get("measurement") or {}).get("duration_s", 0.0)),
-                         peak_rss_mb=report.get("peak_rss_mb"))
+            outputs = read_qnn_results(out_dir, ctx, len(feeds), device_id)
+            notes: list[str] = []
+            timings = profile_timings(out_dir, qnn.files.sdk_root, len(feeds)) if profiling_level != "off" else None
+            inference_s, load_s = (timings.inference_s, timings.load_s) if timings else ([], 0.0)
+            if timings is None:
+                notes.append("qnn-net-run ran without profiling: no per-inference timings (pass profiling_level)")
+            elif timings.note:
+                notes.append(timings.note)
+            machine, system = self.device_platform()
+            report = _qnn_report(ctx, remote_dir, outputs, inference_s, load_s, notes, machine, system, argv)
+            (out_dir / "runner_report.json").write_text(json.dumps(report, indent=1))
+            _keep(out_dir, keep_dir)
+        return RunResult(outputs=outputs, runtime="htp", load_s=load_s, inference_s=inference_s,
+                         placement=[NodePlacement(ctx.node, "EPContext", HTP_EP)], report=report,
+                         workdir=keep_dir, machine=machine, system=system, runner="qnn-net-run", notes=notes)
+
+    def _push_job_list(self, feeds: list[Feed], data_dir: str, job: str, tmp_dir: Path) -> None:
+        """Write qnn-net-run's input list for feeds staged in data_dir and push it to job/input_list.txt."""
+        from harness.runner.qnn_net_run import job_input_list
+
+        local = tmp_dir / "job_input_list.txt"
+        local.write_text(job_input_list(input_paths(feeds), data_dir, job))
+        self.transport.push(local, f"{job}/input_list.txt")
+
+    def _pull_qnn_outputs(self, remote_out: str, out_dir: Path, argv: list[str], result: CommandResult) -> None:
+        """Pull qnn-net-run's output directory; raise RunnerError when it failed or left none."""
+        if result.rc != 0:
+            raise RunnerError("qnn-net-run failed on the device", device=self.transport.device_id, argv=argv,
+                              rc=result.rc, stdout=result.stdout, stderr=result.stderr)
+        try:
+            self.transport.pull(remote_out, out_dir)
+        except (DeviceLostError, DeviceTimeoutError):
+            raise
+        except TransportError as e:
+            raise RunnerError(f"qnn-net-run exited 0 but left no output directory: {e}",
+                              device=self.transport.device_id, argv=argv, rc=result.rc,
+                              stdout=result.stdout, stderr=result.stderr) from None
+
+
+def _qnn_refusal(runtime: str, feeds: list[Feed] | None, placement_only: bool, warmup: int,
+                 min_iterations: int, min_duration_s: float) -> str | None:
+    """Return what a qnn-net-run device was asked for and cannot do, or None."""
+    if runtime != "htp":
+        return f"the `{runtime}` runtime"
+    if placement_only:
+        return "a placement-only run (load without inputs)"
+    if warmup or min_iterations or min_duration_s:
+        return "a warm-up or timed measurement loop (qnn-net-run runs each input line once)"
+    if not feeds:
+        return "a run without inputs"
+    return None
+
+
+def _qnn_report(ctx: "QnnContextModel", remote_dir: str, outputs: list[Feed], inference_s: list[float],
+                load_s: float, notes: list[str], machine: str | None, system: str | None, argv: list[str]) -> dict:
+    """Return a runner_report.json-shaped record of a qnn-net-run job, built on the host."""
+    first = outputs[0] if outputs else {}
+    return {"runner": "qnn-net-run", "runtime": "htp", "model": f"{remote_dir}/{ctx.model.name}",
+            "context_binary": f"{remote_dir}/{ctx.context_file.name}", "argv": argv, "error": None,
+            "machine": machine, "system": system, "load_s": load_s, "inference_s": inference_s,
+            "placement": [{"node": ctx.node, "op_type": "EPContext", "ep": HTP_EP}],
+            "outputs": [{"name": n, "shape": list(np.shape(v)), "dtype": "float32"} for n, v in first.items()],
+            "notes": notes}
+
+
+def _keep(out_dir: Path, keep_dir: Path | None) -> None:
+    """Copy the run's report and QNN profile CSV (where present) into keep_dir."""
+    if keep_dir is None:
+        return
+    keep_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("runner_report.json", "qnn_profile.csv"):
+        if (out_dir / name).exists():
+            shutil.copyfile(out_dir / name, keep_dir / name)

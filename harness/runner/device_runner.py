@@ -8,7 +8,9 @@ Inputs:  --input_list FILE, one line per inference; each line holds space-separa
          items (or bare paths, in the model's input order) naming raw float32 files. A first line
          starting with '#' or '%' lists output names to keep (qnn-net-run's convention).
 Outputs: OUTPUT_DIR/Result_<N>/<output name>.raw (float32), and OUTPUT_DIR/runner_report.json
-         with timings, the real per-node execution-provider placement and the output shapes.
+         with timings, the real per-node execution-provider placement, the output shapes and the
+         machine it ran on (`machine`, `system`: platform.machine()/system(); on x86-64 the QNN HTP
+         backend is Qualcomm's simulator, on aarch64/ARM64 the SoC's HTP).
 Timing:  --warmup N untimed runs, then one pass over the input list (its outputs are written), then,
          with --min_iterations/--min_duration, a measurement loop cycling over the inputs until at
          least that many iterations AND that many seconds have run (MLPerf's rule). Every iteration's
@@ -24,12 +26,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import re
 import sys
 import time
 import traceback
 
-RUNNER_VERSION = "1"
+RUNNER_VERSION = "2"  # 2: the report names the machine it ran on
 
 
 class RunnerFailure(Exception):
@@ -225,7 +228,8 @@ def placement(session):
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     os.makedirs(args.output_dir, exist_ok=True)
-    report = {"runner_version": RUNNER_VERSION, "runtime": args.runtime, "model": args.model, "error": None}
+    report = {"runner_version": RUNNER_VERSION, "runtime": args.runtime, "model": args.model, "error": None,
+              "machine": platform.machine(), "system": platform.system()}
     report_path = os.path.join(args.output_dir, "runner_report.json")
     code = 0
     try:

@@ -17,7 +17,7 @@ from harness.data import Dataset, Feed
 from harness.models import Thresholds
 from harness.runner.client import DeviceRunner
 from harness.steps.report import StepReport
-from harness.steps.sweep import Candidate, accuracy_limits, evaluate_recipe, latency_source, rank
+from harness.steps.sweep import Candidate, accuracy_limits, evaluate_recipe, rank
 
 PROMOTED_TYPE = "QUInt16"
 
@@ -82,7 +82,7 @@ def mixed_precision(model: Path, dataset: Dataset, reference: list[Feed], runner
         "model_bytes_increase_pct": _pct(k["model_bytes"], base.get("model_bytes")),
         "mean_inference_ms": k["mean_inference_ms"], "mean_inference_ms_start": base.get("mean_inference_ms"),
         "inference_time_increase_pct": _pct(k["mean_inference_ms"], base.get("mean_inference_ms")),
-        "latency_source": latency_source(runner),
+        "latency_source": k.get("latency_source"),  # the final candidate's run (RunResult.latency_source)
     }
     if not final.meets:
         report.failures.append(

@@ -4,8 +4,9 @@ memory, and an analytic estimate of on-device latency.
 Latency follows a rule like MLPerf's: warm-up runs, then at least N iterations and at least D
 seconds, every iteration timed on the device; statistics are computed here. The per-op table
 comes from a separate, short run with QNN detailed profiling (profiling slows execution, so
-it never overlaps the timed loop). On the emulator every number comes from the HTP simulator
-and is labelled `latency_source: simulator`.
+it never overlaps the timed loop). Where the runner ran on an x86-64 machine (the emulator, an
+x86-64 SSH host, the emulated adb phone) every number comes from the HTP simulator and is
+labelled `latency_source: simulator` (RunResult.latency_source of the timed run).
 """
 
 from __future__ import annotations
@@ -137,8 +138,8 @@ def profile(ctx: ContextBinary, qdq_model: Path, feed: Feed, runner: DeviceRunne
     from harness import charts
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    source = "simulator" if runner.transport.device.transport == "emulator" else "device"
     timed = measure_latency(runner, ctx.model, [feed], "htp", rule)
+    source = timed.run.latency_source
     per_op_source = "context_binary"
     qnn = detailed_profile(runner, ctx.model, feed, out_dir / "profile_run")
     if not qnn.has_node_rows:
@@ -191,8 +192,9 @@ def profile(ctx: ContextBinary, qdq_model: Path, feed: Feed, runner: DeviceRunne
 def _budget(report: StepReport, thresholds: Thresholds, source: str, stats: LatencyStats,
             estimate_ms: float | None, soc: SocSpec) -> None:
     """Hold the latency budget (when the model spec gives one) against the right number:
-    p90 measured on a real device; on the emulator the analytic estimate, because simulator
-    wall time is not a phone latency (a failure there means even the estimate misses it)."""
+    p90 measured on a real device's HTP; elsewhere (the HTP simulator) the analytic estimate,
+    because simulator wall time is not a phone latency (a failure there means even the
+    estimate misses it)."""
     budget = thresholds.latency_budget_ms
     if budget is None:
         return
@@ -201,12 +203,13 @@ def _budget(report: StepReport, thresholds: Thresholds, source: str, stats: Late
         value, basis = stats.p90, "p90 of the latency measured on the device"
     else:
         value = estimate_ms
-        basis = ("estimated_latency_ms (the emulator's latency is simulator wall time, not a phone's; "
+        basis = (f"estimated_latency_ms (the measured latency is latency_source '{source}', not a phone's HTP; "
                  "the estimate is optimistic, so only a failure is conclusive)")
     report.kpis["budget_latency_ms"] = value
     report.kpis["budget_latency_basis"] = basis
     if value is None:
-        report.failures.append(f"latency budget {budget:g} ms cannot be checked on the emulator: the catalog has "
+        report.failures.append(f"latency budget {budget:g} ms cannot be checked without a device measurement "
+                               f"(latency_source '{source}'): the catalog has "
                                f"neither int8_tops nor ddr_bandwidth_gbps for {soc.id} (add them to devices.yaml)")
         return
     report.limits.append(Limit("budget_latency_ms", maximum=budget))

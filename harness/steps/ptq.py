@@ -118,7 +118,7 @@ def ptq(qdq_model: Path, recipe: QuantRecipe, dataset: Dataset, reference: list[
     float_metric = task_metric(reference, dataset, reference)
     report.kpis = {"runtime": "htp", "recipe": recipe.name, "samples": len(run.outputs),
                    **compare_quantized(run.outputs, reference, dataset, float_metric),
-                   "latency_source": "simulator" if runner.transport.device.transport == "emulator" else "device",
+                   "latency_source": run.latency_source,
                    "mean_inference_ms": 1000 * float(np.mean(run.inference_s)) if run.inference_s else None,
                    "htp_nodes": sum(p.on_htp for p in run.placement)}
     report.limits = [Limit("task_metric_drop", maximum=thresholds.max_task_metric_drop),

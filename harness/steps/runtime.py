@@ -4,7 +4,9 @@ artifact with the same provider options.
 
 On the emulator the "device" is the emulator transport's sandbox and a separate runner process;
 on hardware it is the phone's or board's HTP, and the host side is the HTP simulator, whose
-numerics are the HTP's, so the outputs should agree to within rounding.
+numerics are the HTP's, so the outputs should agree to within rounding. `executed_on` is the
+device run's RunResult.latency_source: 'simulator' wherever the runner ran on an x86-64 machine
+(emulator, an x86-64 SSH host, the emulated adb phone), 'device' on an aarch64/ARM64 HTP.
 """
 
 from __future__ import annotations
@@ -63,8 +65,9 @@ def runtime(ctx: ContextBinary, feeds: list[Feed], runner: DeviceRunner) -> Step
         "bit_exact": all(np.array_equal(np.asarray(r), np.asarray(o)) for r, o in zip(ref, out)),
         "device_load_s": float(device.report.get("session_create_s", device.load_s)),
         "htp_nodes": sum(p.on_htp for p in device.placement),
-        "executed_on": "simulator" if runner.transport.device.transport == "emulator" else "device",
+        "executed_on": device.latency_source,
     }
+    report.notes.extend(device.notes)  # e.g. a qnn-net-run device that reported no timings
     report.limits = [Limit("cosine_similarity", minimum=MIN_COSINE, marginal=0.0),
                      Limit("max_abs_diff", maximum=MAX_ABS_DIFF_OF_RANGE * spread if spread else 1e-6)]
     return report

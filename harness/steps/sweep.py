@@ -5,8 +5,8 @@ asymmetric / symmetric × 8- / 16-bit activations. `quick` picks four candidates
 axes cheaply. Each candidate is quantized (cached by recipe, like every artifact), run on `htp` over
 the evaluation data and ranked: candidates meeting the model's KPI first, then by task metric, then
 by cosine similarity. Host-side quantization always runs in parallel; device runs do too when the
-device is the local emulator (its HTP simulator runs on the host's cores), and one at a time on a
-real device with one HTP.
+first candidate's run says it ran on the HTP simulator (RunResult.latency_source 'simulator': an
+x86-64 machine's cores), and one at a time on a device's single HTP.
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ def _candidate_kpis(model: Path, recipe: QuantRecipe, dataset: Dataset, referenc
         kpis = {"recipe": recipe.name, **compare_quantized(run.outputs, reference, dataset, float_metric),
                 "model_bytes": model.stat().st_size,
                 "mean_inference_ms": 1000 * float(np.mean(run.inference_s)) if run.inference_s else None,
-                "latency_source": latency_source(runner)}
+                "latency_source": run.latency_source}
         (out / "kpis.json").write_text(json.dumps(kpis, indent=1, default=float))
 
     entry = cache.entry("sweep_eval", key, build)
@@ -220,11 +220,6 @@ def _private_copy(model: Path, cache: ArtifactCache):
         yield Path(tmp) / Path(model).name
 
 
-def latency_source(runner: DeviceRunner) -> str:
-    """'simulator' on the emulator (HTP simulator wall time, not a phone latency), else 'device'."""
-    return "simulator" if runner.transport.device.transport == "emulator" else "device"
-
-
 def rank(candidates: list[Candidate]) -> list[Candidate]:
     """Return candidates best first: meeting the KPI, then by task metric, then by cosine similarity."""
     def key(c: Candidate):
@@ -239,21 +234,28 @@ def evaluate_all(recipes: list[QuantRecipe], model: Path, dataset: Dataset, refe
                  runner: DeviceRunner, thresholds: Thresholds, cache: ArtifactCache,
                  max_workers: int | None = None) -> tuple[list[Candidate], int]:
     """Evaluate recipes in parallel where the machine allows; return the ranked candidates and the
-    number of workers used."""
-    workers = max(1, min(len(recipes), max_workers or os.cpu_count() or 1))
+    number of workers used.
+
+    The first recipe is evaluated alone: its run's latency_source decides whether the others'
+    device runs overlap ('simulator': the HTP simulator runs on the machine's cores) or take turns
+    (a device's single HTP, or when the first run told nothing).
+    """
     runner.deploy()
     with tempfile.TemporaryDirectory(prefix="harness-sweep-") as tmp:
         runner.push_feeds(dataset.evaluation, Path(tmp))  # staged once, before the threads share it
-    device_lock = None if latency_source(runner) == "simulator" else threading.Lock()
     push_lock = threading.Lock()
+    first = evaluate_recipe(recipes[0], model, dataset, reference, runner, thresholds, cache, None, push_lock)
+    device_lock = None if first.kpis.get("latency_source") == "simulator" else threading.Lock()
+    rest = recipes[1:]
+    workers = max(1, min(len(rest), max_workers or os.cpu_count() or 1))
 
     def one(recipe: QuantRecipe) -> Candidate:
         return evaluate_recipe(recipe, model, dataset, reference, runner, thresholds, cache, device_lock, push_lock)
 
     if workers == 1:
-        return rank([one(r) for r in recipes]), 1
+        return rank([first, *(one(r) for r in rest)]), 1
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sweep") as pool:
-        return rank(list(pool.map(one, recipes))), workers
+        return rank([first, *pool.map(one, rest)]), workers
 
 
 def sweep(model: Path, dataset: Dataset, reference: list[Feed], runner: DeviceRunner, thresholds: Thresholds,

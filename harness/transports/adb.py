@@ -461,6 +461,7 @@ class QnnNetRun:
     """Qualcomm's qnn-net-run on an adb device: deploy the SDK files once, then run context binaries.
 
     The output layout is the harness runner's (OUTPUT_DIR/Result_<N>/<output>.raw, float32).
+    DeviceRunner.run uses it when runner_kind is 'qnn-net-run' (see harness.runner.qnn_net_run).
     """
 
     def __init__(self, transport: AdbTransport) -> None:

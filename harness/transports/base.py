@@ -90,6 +90,13 @@ class Transport(abc.ABC):
     def python(self) -> list[str]:
         """The argv prefix that starts the device-side Python interpreter."""
 
+    @property
+    def runner_kind(self) -> str:
+        """Return which runner runs models here: 'python' (the harness's device_runner.py under
+        `python`) or 'qnn-net-run' (Qualcomm's, on context binaries only; adb devices without
+        `python:`)."""
+        return "python"
+
     @abc.abstractmethod
     def run(self, argv: list[str], timeout_s: float, cwd: str = ".") -> CommandResult:
         """Run argv on the device (cwd relative to the work directory); return its result.
