@@ -18,8 +18,6 @@ def source_model(spec: ModelSpec, cache: ArtifactCache) -> Path:
     """Return the ONNX file for spec, building and caching a zoo model on first use."""
     if not spec.is_zoo:
         return spec.path
-    from harness.zoo import digits_cnn
-
     return _zoo_entry(spec, cache) / "model.onnx"
 
 

@@ -38,3 +38,19 @@ def sm8650_runner(devices, tmp_path_factory: pytest.TempPathFactory) -> DeviceRu
     transport = open_transport(dev, devices.soc(dev.soc), tmp_path_factory.mktemp("emulator"))
     yield DeviceRunner(transport)
     transport.close()
+
+
+@pytest.fixture(scope="session")
+def qdq(tmp_path_factory: pytest.TempPathFactory, cache: ArtifactCache) -> Path:
+    """A tiny QDQ model (see perf_helpers.tiny_qdq_model), shared by the compile and profile tests."""
+    from perf_helpers import tiny_qdq_model
+
+    return tiny_qdq_model(tmp_path_factory.mktemp("tiny"), cache)
+
+
+@pytest.fixture(scope="session")
+def ctx(qdq: Path, cache: ArtifactCache, devices):
+    """The tiny QDQ model compiled into a context binary for sm8650."""
+    from harness.steps.context_binary import compile_context
+
+    return compile_context(qdq, devices.soc("sm8650"), cache)

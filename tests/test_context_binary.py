@@ -13,17 +13,7 @@ import pytest
 from harness.errors import ContextMismatchError
 from harness.runner.client import RUNNER_SOURCE, check_context_target, context_target
 from harness.steps.context_binary import compile_context, context_binary
-from perf_helpers import random_feeds, tiny_qdq_model
-
-
-@pytest.fixture(scope="module")
-def qdq(tmp_path_factory, cache):
-    return tiny_qdq_model(tmp_path_factory.mktemp("tiny"), cache)
-
-
-@pytest.fixture(scope="module")
-def ctx(qdq, cache, devices):
-    return compile_context(qdq, devices.soc("sm8650"), cache)
+from perf_helpers import random_feeds
 
 
 @pytest.fixture(scope="module")

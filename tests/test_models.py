@@ -1,7 +1,5 @@
 """Model loading, --input-shape parsing, per-position shape fixing and model spec files."""
 
-from pathlib import Path
-
 import onnx
 import pytest
 

@@ -11,23 +11,12 @@ from harness.errors import ConfigError, StepError
 from harness.estimate import estimate_latency, graph_cost
 from harness.models import Thresholds, resolve_model
 from harness.profiling import ProfileFormatError, op_table, parse_profile_csv
-from harness.steps.context_binary import compile_context
 from harness.steps.profile import (DEVICE_RULE, EMULATOR_RULE, PROFILE_ITERATIONS, MeasureRule, default_rule,
                                    detailed_profile, latency_stats, measure_latency, profile)
 from model_builders import conv_classifier
-from perf_helpers import random_feeds, tiny_qdq_model
+from perf_helpers import random_feeds
 
 HEADER = "Msg Timestamp,Message,Time,Unit of Measurement,Timing Source,Event Level,Event Identifier\n"
-
-
-@pytest.fixture(scope="module")
-def qdq(tmp_path_factory, cache):
-    return tiny_qdq_model(tmp_path_factory.mktemp("tiny"), cache)
-
-
-@pytest.fixture(scope="module")
-def ctx(qdq, cache, devices):
-    return compile_context(qdq, devices.soc("sm8650"), cache)
 
 
 @pytest.fixture(scope="module")

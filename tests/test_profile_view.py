@@ -10,14 +10,9 @@ import pytest
 
 from harness.steps.context_binary import compile_context
 from harness.steps.profile import detailed_profile
-from perf_helpers import random_feeds, tiny_qdq_model
+from perf_helpers import random_feeds
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def qdq(tmp_path_factory, cache):
-    return tiny_qdq_model(tmp_path_factory.mktemp("tiny"), cache)
 
 
 @pytest.fixture(scope="module")

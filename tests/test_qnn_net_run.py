@@ -12,21 +12,10 @@ from harness.errors import RunnerError
 from harness.runner.client import DeviceRunner
 from harness.runner.qnn_net_run import (QnnContextModel, TensorSpec, job_input_list, match_output_files,
                                         qnn_context_model, read_qnn_results)
-from harness.steps.context_binary import compile_context
 from harness.transports import open_transport
-from perf_helpers import random_feeds, tiny_qdq_model
+from perf_helpers import random_feeds
 from qnn_stub import fake_qairt_sdk
 from servers import ADB, adb_server, emulated_phone
-
-
-@pytest.fixture(scope="module")
-def qdq(tmp_path_factory, cache):
-    return tiny_qdq_model(tmp_path_factory.mktemp("tiny"), cache)
-
-
-@pytest.fixture(scope="module")
-def ctx(qdq, cache, devices):
-    return compile_context(qdq, devices.soc("sm8650"), cache)
 
 
 # --------------------------------------------------------------------------- host side, no device

@@ -12,15 +12,10 @@ from harness.errors import ContextMismatchError
 from harness.steps.context_binary import compile_context
 from harness.steps.runtime import runtime
 from model_builders import conv_classifier
-from perf_helpers import random_feeds, tiny_qdq_model
+from perf_helpers import random_feeds
 
 SUITES = Path(__file__).resolve().parent.parent / "suites"
 STEP_SUITES = [str(SUITES / f) for f in ("test_08_context_binary.py", "test_09_profile.py", "test_10_runtime.py")]
-
-
-@pytest.fixture(scope="module")
-def qdq(tmp_path_factory, cache):
-    return tiny_qdq_model(tmp_path_factory.mktemp("tiny"), cache)
 
 
 def test_the_binary_on_the_device_matches_the_hosts_run_of_it(qdq, cache, devices, sm8650_runner):
