@@ -34,8 +34,9 @@ import adbutils
 from adbutils.errors import AdbError
 
 from harness.errors import ConfigError, DeviceTimeoutError, TransientTransportError, TransportError
-from harness.transports.base import (CommandInterrupted, PushResult, ShellTransport, kill_line, split_pid,
-                                     with_pid_marker)
+from harness.transports.base import PushResult
+from harness.transports.shell import (CommandInterrupted, ShellTransport, kill_line, split_pid,
+                                      with_pid_marker)
 
 logger = logging.getLogger(__name__)
 

@@ -30,8 +30,8 @@ import paramiko
 
 from harness.errors import (ConfigError, DeviceTimeoutError, HostKeyError, TransientTransportError,
                             TransportError)
-from harness.transports.base import (CommandInterrupted, ShellTransport, _batches, kill_line, split_pid,
-                                     with_pid_marker)
+from harness.transports.shell import (CommandInterrupted, ShellTransport, _batches, kill_line, split_pid,
+                                      with_pid_marker)
 
 logger = logging.getLogger(__name__)
 
