@@ -54,11 +54,13 @@ def attach_report(report: StepReport) -> None:
                 pass
 
 
-_ATTACHABLE = {".png": allure.attachment_type.PNG, ".csv": allure.attachment_type.CSV}
+_ATTACHABLE = {".png": allure.attachment_type.PNG, ".csv": allure.attachment_type.CSV,
+               ".json": allure.attachment_type.JSON}
 
 
 def attach_artifacts(report: StepReport) -> None:
-    """Attach a report's PNG and CSV artifacts (charts, raw profiles) to the current Allure test."""
+    """Attach a report's PNG, CSV and JSON artifacts (charts, raw profiles, exported encodings, the
+    context binary's record) to the current Allure test; models stay in the cache."""
     for name, path in report.artifacts.items():
         kind = _ATTACHABLE.get(path.suffix.lower())
         if kind is not None and path.is_file():

@@ -4,7 +4,7 @@ import pytest
 
 
 @pytest.mark.step("mixed_precision")
-def test_mixed_precision(mixed_precision, check_accuracy):
-    report = check_accuracy(mixed_precision)
+def test_mixed_precision(mixed_precision, check):
+    report = check(mixed_precision)
     assert report.kpis["met_threshold"]
     assert report.artifacts["encodings"].is_file()

@@ -31,8 +31,9 @@ def by_step(records):
     return {r["step"]: r for r in records}
 
 
-def test_default_run_onboards_the_zoo_model_and_writes_kpis(run_suites):
-    result, records = run_suites("--device", "sm8650")
+def test_default_run_onboards_the_zoo_model_and_writes_kpis(run_suites, pytester):
+    alluredir = pytester.path / "allure"
+    result, records = run_suites("--device", "sm8650", "--alluredir", str(alluredir))
     result.assert_outcomes(passed=ALL_STEPS)
     steps = by_step(records)
     assert list(steps)[:4] == list(SPINE_STEPS) and len(steps) == ALL_STEPS
@@ -43,6 +44,11 @@ def test_default_run_onboards_the_zoo_model_and_writes_kpis(run_suites):
     assert ptq["runtime"] == "htp" and ptq["task_metric_name"] == "top1_accuracy"
     assert ptq["float_task_metric"] >= 0.95 and ptq["task_metric"] >= ptq["float_task_metric"] - 0.02
     assert ptq["cosine_similarity"] > 0.98 and ptq["sqnr_db"] > 15
+    attached = {(a["name"], a["type"]) for p in alluredir.glob("*-result.json")
+                for step in json.loads(p.read_text())["steps"] for a in step.get("attachments", [])}
+    assert ("mixed_precision encodings", "application/json") in attached  # the exported QAIRT encodings
+    assert ("profile latency_histogram", "image/png") in attached
+    assert ("error_isolation KPIs", "application/json") in attached
 
     again, records = run_suites("--device", "sm8650", *SPINE)
     again.assert_outcomes(passed=4, deselected=ALL_STEPS - 4)

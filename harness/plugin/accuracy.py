@@ -84,25 +84,3 @@ def mixed_precision(onboarding, error_isolation, accuracy_options, request: pyte
     if accuracy_options.sweep != "off":
         _needs_value(request.getfixturevalue("sweep"))
     return _outcome("mixed_precision", onboarding.mixed_precision)
-
-
-@pytest.fixture
-def check_accuracy(check):
-    """check(outcome) that also attaches the step's JSON artifacts (the exported QAIRT encodings) to
-    Allure; `check` itself attaches KPIs, tables as CSV and PNG/CSV artifacts such as the SQNR plot."""
-    def _check(outcome):
-        if outcome.value is not None:
-            attach_json_artifacts(outcome.value)
-        return check(outcome)
-
-    return _check
-
-
-def attach_json_artifacts(report) -> None:
-    """Attach a report's JSON artifacts to Allure (no-op without --alluredir)."""
-    import allure
-
-    for name, path in report.artifacts.items():
-        path = Path(path)
-        if path.suffix == ".json" and path.is_file():
-            allure.attach.file(str(path), name=f"{report.step} {name}", attachment_type=allure.attachment_type.JSON)
