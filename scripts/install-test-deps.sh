@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the harness's own tests need on a fresh Debian machine: the harness with its
-# test extra, and the real servers the transport tests talk to (OpenSSH server, adb).
+# test extra, the real servers the transport tests talk to (OpenSSH server, adb), and the
+# Allure 3 command line for `python -m harness report` (needs Node.js and npm).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need=()
@@ -12,3 +13,8 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 python3 -m pip install -q -e '.[test]'
+if command -v npm >/dev/null 2>&1; then
+  npm ci --prefix tools/allure --no-audit --no-fund --loglevel=error >/dev/null
+else
+  echo "npm not found: skipping the Allure report generator (tests that need it will be skipped)" >&2
+fi
