@@ -59,7 +59,10 @@ def strip_external_scripts(html: str) -> tuple[str, int]:
     return html, external + inline
 
 
-def generate_report(results: Path, out: Path, single_file: bool = True) -> ReportSummary:
+DEFAULT_NAME = "Snapdragon onboarding report"
+
+
+def generate_report(results: Path, out: Path, single_file: bool = True, name: str = DEFAULT_NAME) -> ReportSummary:
     """Build the report of an allure-pytest results directory into out; return its summary.
 
     Raises ReportError naming the directory when there are no results or the generator fails.
@@ -67,7 +70,8 @@ def generate_report(results: Path, out: Path, single_file: bool = True) -> Repor
     results, out = Path(results), Path(out)
     if not results.is_dir() or not any(results.glob("*-result.json")):
         raise ReportError(f"{results}: no Allure results (*-result.json); run pytest with --alluredir {results}")
-    argv = [*find_allure_cli(), "awesome", *(["--single-file"] if single_file else []), str(results), "-o", str(out)]
+    argv = [*find_allure_cli(), "awesome", *(["--single-file"] if single_file else []), "--report-name", name,
+            str(results), "-o", str(out)]
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=GENERATE_TIMEOUT_S,
                               env={**os.environ, "ALLURE_NO_ANALYTICS": "true"})
@@ -95,6 +99,7 @@ def add_parser(subparsers) -> None:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("results", type=Path, help="the directory given to pytest's --alluredir")
     p.add_argument("-o", "--output", type=Path, default=Path("allure-report"), help="report directory")
+    p.add_argument("--name", default=DEFAULT_NAME, help=f"the report's title (default: {DEFAULT_NAME})")
     p.add_argument("--multi-file", action="store_true",
                    help="a multi-file report (needs an HTTP server to view; the default is one index.html)")
     p.set_defaults(func=main)
@@ -103,7 +108,7 @@ def add_parser(subparsers) -> None:
 def main(args: argparse.Namespace) -> int:
     """Build the report; print where it is and its totals; return 0, or 2 when it cannot be built."""
     try:
-        summary = generate_report(args.results, args.output, single_file=not args.multi_file)
+        summary = generate_report(args.results, args.output, single_file=not args.multi_file, name=args.name)
     except HarnessError as e:
         print(f"report: {e}", file=sys.stderr)
         return 2

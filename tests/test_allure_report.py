@@ -39,14 +39,16 @@ def test_report_of_a_suite_run_is_self_contained_and_counts_the_steps(pytester, 
                                         "--alluredir", str(results), "-p", "no:cacheprovider",
                                         "-k", "feasibility or conversion or ptq")
     run.assert_outcomes(passed=3)
-    proc = subprocess.run([sys.executable, "-m", "harness", "report", str(results), "-o", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "harness", "report", str(results), "-o", str(out),
+                           "--name", "sm8650 sign-off"],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "3 tests: 3 passed; status passed" in proc.stdout
     html = (out / "index.html").read_text()
     assert "googletagmanager" not in html and "gtag(" not in html
     assert not [m for m in ("src=\"http://", "src=\"https://", "src=\"//") if m in html]
-    assert json.loads((out / "summary.json").read_text())["stats"] == {"total": 3, "passed": 3}
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stats"] == {"total": 3, "passed": 3} and summary["name"] == "sm8650 sign-off"
 
 
 def test_missing_results_are_a_clear_error(tmp_path):
