@@ -107,12 +107,10 @@ class Onboarding:
         """The QDQ model from PTQ with the default recipe."""
         return ptq.quantize(self.converted_model(), self.dataset().calibration, self.recipe, self.cache)
 
-    def deployable_model(self) -> Path:
+    def deployable_model(self, mixed: StepReport | None = None) -> Path:
         """The quantized model that ships to the device (compiled, profiled, integrated): PTQ's, or the
-        mixed-precision model when PTQ missed its KPI and mixed precision met it."""
-        return self._final_model()
-
-    def _final_model(self, mixed: StepReport | None = None) -> Path:
+        mixed-precision model when PTQ missed its KPI and mixed precision met it. `mixed` is the
+        mixed-precision report while that step is being built (it exports the deployable encodings)."""
         if self.ptq().passed:
             return self.qdq_model()
         try:
@@ -120,7 +118,6 @@ class Onboarding:
         except HarnessError:  # reported by the mixed_precision step itself; PTQ's model stays deployable
             return self.qdq_model()
         return mixed.artifacts["model"] if mixed.kpis.get("met_threshold") else self.qdq_model()
-
 
     @memoized
     def feasibility(self) -> StepReport:
@@ -177,7 +174,7 @@ class Onboarding:
             self.cache, self._mixed_precision_start(),
             error_isolation.ranked_promotion_units(self.error_isolation()))
         if "model" in report.artifacts:
-            final = self._final_model(report)
+            final = self.deployable_model(report)
             report.artifacts["encodings"] = exported_encodings(final, self.cache)
             report.kpis["encodings_of"] = "ptq" if final == self.qdq_model() else "mixed_precision"
             report.kpis["encodings_file"] = str(report.artifacts["encodings"])

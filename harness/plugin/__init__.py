@@ -178,10 +178,16 @@ class Outcome(Generic[T]):
     value: T | None = None
     error: str | None = None
 
-    def require(self) -> T:
-        """Return the value for a dependent step, skipping that step when this one did not pass."""
+    def require_value(self) -> T:
+        """Return the value for a dependent step, skipping that step when this one raised (a missed
+        KPI limit does not stop it: for steps that explain or build on a result either way)."""
         if self.error is not None:
             pytest.skip(f"prerequisite step '{self.step}' failed: {self.error}")
+        return self.value
+
+    def require(self) -> T:
+        """Return the value for a dependent step, skipping that step when this one did not pass."""
+        self.require_value()
         problems = getattr(self.value, "problems", lambda: [])()
         if problems:
             pytest.skip(f"prerequisite step '{self.step}' did not pass: {problems[0]}")

@@ -48,18 +48,12 @@ def accuracy_options(pytestconfig: pytest.Config):
     return pytestconfig.stash[SESSION_KEY].accuracy
 
 
-def _needs_value(outcome) -> None:
-    """Skip when a prerequisite step raised (a failed KPI is fine: these steps explain failures)."""
-    if outcome.error is not None:
-        pytest.skip(f"prerequisite step '{outcome.step}' failed: {outcome.error}")
-
-
 @pytest.fixture(scope="session")
 def error_isolation(onboarding, ptq):
     """Step 3 stage 3 outcome (runs for every model; fails only when PTQ missed its KPI)."""
     from harness.plugin import _outcome
 
-    _needs_value(ptq)
+    ptq.require_value()
     return _outcome("error_isolation", onboarding.error_isolation)
 
 
@@ -80,7 +74,7 @@ def mixed_precision(onboarding, error_isolation, accuracy_options, request: pyte
     """Step 3 stage 5 outcome (needs error isolation's ranking, and the sweep unless --sweep off)."""
     from harness.plugin import _outcome
 
-    _needs_value(error_isolation)
+    error_isolation.require_value()
     if accuracy_options.sweep != "off":
-        _needs_value(request.getfixturevalue("sweep"))
+        request.getfixturevalue("sweep").require_value()
     return _outcome("mixed_precision", onboarding.mixed_precision)

@@ -22,18 +22,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="profile step: untimed runs first (default 3 on the emulator, 10 on devices)")
 
 
-def _require_artifact(outcome: Outcome) -> None:
-    """Skip unless the step produced its artifact (a missed KPI limit does not stop dependents)."""
-    if outcome.error is not None:
-        pytest.skip(f"prerequisite step '{outcome.step}' failed: {outcome.error}")
-
-
 @pytest.fixture(scope="session")
 def context_binary(onboarding, ptq) -> Outcome:
     """Step 4 outcome. Needs a quantized model, so PTQ must have run without error; when PTQ
     missed its accuracy limits the deployable model is still compiled (its size and load time
     are worth knowing), with a note saying so."""
-    _require_artifact(ptq)
+    ptq.require_value()
     outcome = _outcome("context_binary", onboarding.context_binary)
     problems = ptq.value.problems() if ptq.value is not None else []
     if outcome.value is not None and problems:
@@ -47,7 +41,7 @@ def profile(onboarding, context_binary, pytestconfig: pytest.Config) -> Outcome:
     """Step 5 outcome (needs the compiled context binary)."""
     from harness.steps.profile import default_rule
 
-    _require_artifact(context_binary)
+    context_binary.require_value()
     opt = pytestconfig.option
     rule = default_rule(onboarding.target.device.transport, opt.min_iterations, opt.min_duration,
                         opt.warmup_iterations)
@@ -57,5 +51,5 @@ def profile(onboarding, context_binary, pytestconfig: pytest.Config) -> Outcome:
 @pytest.fixture(scope="session")
 def runtime(onboarding, context_binary) -> Outcome:
     """Step 6 outcome (needs the compiled context binary)."""
-    _require_artifact(context_binary)
+    context_binary.require_value()
     return _outcome("runtime", onboarding.runtime)
