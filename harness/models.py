@@ -41,6 +41,8 @@ class _SpecFile(BaseModel):
     name: str | None = None
     path: str
     input_shapes: dict[str, list[int]] = {}
+    freeze_inputs: dict[str, float | int | list] = {}
+    rewrites: list[str] = []
     calib_data: str | None = None
     thresholds: Thresholds = Thresholds()
 
@@ -55,6 +57,11 @@ class ModelSpec:
     input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     calib_data: Path | None = None
     thresholds: Thresholds = Thresholds()
+    # Inputs frozen to constants before conversion (--freeze-input NAME=VALUE, spec `freeze_inputs:`),
+    # so that branches on them fold away; a scalar or a nested list, cast to the input's type.
+    freeze_inputs: dict[str, float | int | list] = field(default_factory=dict)
+    # User layer replacements: "package.module:function" or "path/to/file.py:function" (spec `rewrites:`).
+    rewrites: tuple[str, ...] = ()
 
     @property
     def is_zoo(self) -> bool:
@@ -120,7 +127,8 @@ def _load_spec_file(path: Path, input_shapes: dict[str, tuple[int, ...]], calib_
     shapes = {k: tuple(v) for k, v in spec.input_shapes.items()} | input_shapes
     calib = calib_data or ((path.parent / spec.calib_data).resolve() if spec.calib_data else None)
     return ModelSpec(name=spec.name or _name_from_path(model_path), source=str(model_path), path=model_path,
-                     input_shapes=shapes, calib_data=calib, thresholds=spec.thresholds)
+                     input_shapes=shapes, calib_data=calib, thresholds=spec.thresholds,
+                     freeze_inputs=dict(spec.freeze_inputs), rewrites=tuple(spec.rewrites))
 
 
 def load_onnx(path: Path) -> "onnx.ModelProto":
