@@ -1,17 +1,24 @@
-"""The device farm: SoC catalog and device list from devices.yaml, schema-validated."""
+"""The device farm: the SoC catalog (shipped as harness/socs.yaml) and the device list, schema-validated.
+
+A devices file holds `devices:` and optionally `socs:`, whose entries add SoCs to the built-in
+catalog or override fields of built-in ones (merged key by key, nested mappings too). Without a
+devices file, or in one without a `devices:` key, the devices are the built-in emulators, one per SoC.
+"""
 
 from __future__ import annotations
 
 import os
+from importlib import resources
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from harness.errors import ConfigError
 
-DEFAULT_DEVICES_FILE = Path(__file__).resolve().parent.parent / "devices.yaml"
+BUILTIN_CATALOG = "socs.yaml"  # package data of `harness`
+BUILTIN_DEVICES = "built-in emulator devices"
 
 
 class _Strict(BaseModel):
@@ -114,7 +121,7 @@ DeviceSpec = Annotated[Union[EmulatorDevice, AdbDevice, SshDevice], Field(discri
 
 
 class DevicesFile(_Strict):
-    """The parsed devices.yaml."""
+    """A parsed devices file: the merged SoC catalog and the devices (path: where they came from)."""
 
     socs: dict[str, SocSpec]
     devices: list[DeviceSpec] = []
@@ -125,8 +132,9 @@ class DevicesFile(_Strict):
         seen: set[str] = set()
         for index, dev in enumerate(self.devices):
             if dev.soc not in self.socs:
-                raise ValueError(f"devices[{index}] ({dev.id}): soc '{dev.soc}' is not in socs "
-                                 f"(known: {', '.join(sorted(self.socs))})")
+                raise ValueError(f"devices[{index}] ({dev.id}): unknown SoC '{dev.soc}': not in the built-in "
+                                 f"catalog nor in this file's socs: (known SoCs: {', '.join(sorted(self.socs))}; "
+                                 "add it under socs: with name, soc_model, htp_arch, vtcm_mb, board_platform)")
             if dev.id in seen:
                 raise ValueError(f"devices[{index}]: duplicate device id '{dev.id}'")
             seen.add(dev.id)
@@ -145,15 +153,20 @@ class DevicesFile(_Strict):
         for sel in selectors:
             matched = [d for d in self.devices if d.id == sel] or [d for d in self.devices if d.soc == sel]
             if not matched:
+                hint = ""
+                if sel in self.socs:
+                    hint = f" ('{sel}' is a catalog SoC, but no device of it is listed)"
+                elif self.path == BUILTIN_DEVICES:
+                    hint = " (no devices file: pass --devices-file or set $HARNESS_DEVICES_FILE for real devices)"
                 raise ConfigError(
                     f"unknown device '{sel}' in {self.path}: known device ids: "
                     f"{', '.join(d.id for d in self.devices) or '(none)'}; "
-                    f"known SoCs: {', '.join(sorted({d.soc for d in self.devices})) or '(none)'}")
+                    f"known SoCs: {', '.join(sorted({d.soc for d in self.devices})) or '(none)'}{hint}")
             chosen.extend(d for d in matched if d not in chosen)
         return chosen
 
 
-def _format_validation_error(path: Path, err: ValidationError) -> str:
+def _format_validation_error(path: Path | str, err: ValidationError) -> str:
     lines = []
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith(("function-after", "tagged-union")))
@@ -162,34 +175,82 @@ def _format_validation_error(path: Path, err: ValidationError) -> str:
             msg = "unknown key (check the spelling; allowed keys are listed in devices.yaml's header)"
         elif e["type"] == "missing":
             msg = "required key is missing"
+        elif e["type"] == "value_error" and not loc:  # our own cross-checks name their key themselves
+            lines.append(f"  {e['ctx']['error']}")
+            continue
         lines.append(f"  {loc or '(top level)'}: {msg}")
     return f"{path}: invalid devices file:\n" + "\n".join(lines)
 
 
-def load_devices_file(path: str | os.PathLike[str] | None = None) -> DevicesFile:
-    """Return the parsed and validated devices file (default: the repository's devices.yaml).
-
-    Raises ConfigError naming the file, the key and what was expected.
-    """
-    p = Path(path or os.environ.get("HARNESS_DEVICES_FILE") or DEFAULT_DEVICES_FILE).expanduser()
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise ConfigError(f"cannot read devices file {p}: {e.strerror}") from None
+def _read_yaml_mapping(p: Path | str, text: str, expected: str) -> dict[str, Any]:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError(f"{p}: not valid YAML{where}: {getattr(e, 'problem', e)}") from None
+    if data is None:
+        return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{p}: expected a mapping with keys 'socs' and 'devices', got {type(data).__name__}")
+        raise ConfigError(f"{p}: expected a mapping with keys {expected}, got {type(data).__name__}")
+    return data
+
+
+def _merge(base: Any, override: Any) -> Any:
+    """Return base with override's keys laid over it, recursively for mappings."""
+    if isinstance(base, dict) and isinstance(override, dict):
+        return {**base, **{k: _merge(base.get(k), v) for k, v in override.items()}}
+    return override
+
+
+def builtin_catalog_data() -> dict[str, Any]:
+    """Return the raw `socs:` mapping of the catalog that ships with the package (harness/socs.yaml)."""
+    ref = resources.files("harness").joinpath(BUILTIN_CATALOG)
+    data = _read_yaml_mapping(f"harness/{BUILTIN_CATALOG}", ref.read_text(encoding="utf-8"), "'socs'")
+    return data.get("socs") or {}
+
+
+def _emulators_for(socs: dict[str, Any]) -> list[dict[str, str]]:
+    return [{"id": f"{soc}-emu", "soc": soc, "transport": "emulator"} for soc in socs]
+
+
+def _validate(data: dict[str, Any], where: str) -> DevicesFile:
     try:
-        return DevicesFile.model_validate({**data, "path": str(p)})
+        return DevicesFile.model_validate({**data, "path": where})
     except ValidationError as e:
-        raise ConfigError(_format_validation_error(p, e)) from None
+        raise ConfigError(_format_validation_error(where, e)) from None
+
+
+def builtin_devices() -> DevicesFile:
+    """Return the built-in catalog with one emulator device per SoC (`sm8650-emu`, ...): no file needed."""
+    socs = builtin_catalog_data()
+    return _validate({"socs": socs, "devices": _emulators_for(socs)}, BUILTIN_DEVICES)
+
+
+def load_devices_file(path: str | os.PathLike[str] | None = None) -> DevicesFile:
+    """Return the parsed and validated devices file, its `socs:` merged over the built-in catalog.
+
+    Without a path: $HARNESS_DEVICES_FILE, else the built-in emulator devices (one per SoC). A file
+    without a `devices:` key gets the built-in emulators of its merged catalog.
+    Raises ConfigError naming the file, the key and what was expected.
+    """
+    chosen = path or os.environ.get("HARNESS_DEVICES_FILE")
+    if not chosen:
+        return builtin_devices()
+    p = Path(chosen).expanduser()
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read devices file {p}: {e.strerror}") from None
+    data = _read_yaml_mapping(p, text, "'devices' and (optional) 'socs'")
+    user_socs = data.get("socs") or {}
+    if not isinstance(user_socs, dict):
+        raise ConfigError(f"{p}: socs: expected a mapping of SoC id to fields, got {type(user_socs).__name__}")
+    socs = _merge(builtin_catalog_data(), user_socs)
+    devices = data["devices"] if "devices" in data else _emulators_for(socs)
+    return _validate({**data, "socs": socs, "devices": devices}, str(p))
 
 
 def load_catalog(path: str | os.PathLike[str] | None = None) -> DevicesFile:
-    """Return the devices file, for callers that only need its SoC catalog."""
+    """Return the devices file (default: the built-in devices), for callers that only need its SoC catalog."""
     return load_devices_file(path)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
+import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -69,31 +71,189 @@ class ModelSpec:
         return self.source == "zoo"
 
 
+FreezeValue = Union[float, int, bool, list]
+
+
 def parse_input_shape(text: str) -> tuple[str, tuple[int, ...]]:
-    """Parse 'NAME=D0,D1,...' into (NAME, dims); raise ConfigError when malformed."""
+    """Parse 'SELECTOR=D0,D1,...' into (SELECTOR, dims); raise ConfigError when malformed.
+
+    SELECTOR is an input name or MODEL:NAME; route_input_options resolves it against the models.
+    """
     name, sep, dims = text.rpartition("=")
     try:
         shape = tuple(int(d) for d in dims.split(","))
     except ValueError:
         shape = ()
     if not sep or not name or not shape or any(d <= 0 for d in shape):
-        raise ConfigError(f"--input-shape '{text}': expected NAME=D0,D1,... with positive integer dims, "
-                          "e.g. input=1,3,224,224")
+        raise ConfigError(f"--input-shape '{text}': expected NAME=D0,D1,... or MODEL:NAME=D0,D1,... with positive "
+                          "integer dims, e.g. input=1,3,224,224")
     return name, shape
 
 
-def resolve_model(text: str, input_shapes: dict[str, tuple[int, ...]], calib_data: Path | None) -> ModelSpec:
-    """Return the ModelSpec for a --model value: a zoo name, an .onnx path or a .yaml spec."""
+def _scalar(text: str) -> float | int | bool:
+    word = text.strip()
+    if word.lower() in {"true", "false"}:
+        return word.lower() == "true"
+    try:
+        return int(word)
+    except ValueError:
+        return float(word)  # ValueError for anything that is not a number
+
+
+def _is_numeric_list(value: object) -> bool:
+    if isinstance(value, list):
+        return bool(value) and all(_is_numeric_list(v) for v in value)
+    return isinstance(value, (int, float, bool))
+
+
+def parse_freeze_input(text: str) -> tuple[str, FreezeValue]:
+    """Parse 'SELECTOR=VALUE' into (SELECTOR, value): a number, a comma list or a JSON (nested) list.
+
+    Raises ConfigError when malformed; whether the value fits the input's type and shape is checked
+    by the conversion step.
+    """
+    name, sep, raw = text.rpartition("=")
+    value: FreezeValue | None = None
+    try:
+        if raw.strip().startswith("["):
+            value = json.loads(raw)
+        elif "," in raw:
+            value = [_scalar(v) for v in raw.split(",")]
+        elif raw.strip():
+            value = _scalar(raw)
+    except ValueError:  # json.JSONDecodeError is a ValueError
+        value = None
+    if not sep or not name or value is None or not _is_numeric_list(value):
+        raise ConfigError(f"--freeze-input '{text}': expected NAME=VALUE or MODEL:NAME=VALUE with VALUE a number, "
+                          "a comma list of numbers or a JSON list, e.g. sr=16000 or mask=[[1,0],[0,1]]")
+    return name, value
+
+
+@dataclass(frozen=True)
+class ModelInputs:
+    """How the command line may name one model (its name, the --model value as given) and its input names."""
+
+    name: str
+    inputs: tuple[str, ...]
+    given_as: str = ""
+
+    def named(self, text: str) -> bool:
+        """True when text names this model (its name or the --model value as given)."""
+        return text == self.name or (bool(self.given_as) and text == self.given_as)
+
+
+V = TypeVar("V")
+
+
+def route_input_options(option: str, given: list[tuple[str, V]], models: list[ModelInputs]) -> dict[str, dict[str, V]]:
+    """Return {model name: {input name: value}} for --input-shape / --freeze-input values.
+
+    A selector is first taken whole as an input name: it applies to every model with that input
+    (names such as 'x.1' or 'onnx::Flatten_0' work as given). Otherwise it is MODEL:NAME, split at
+    the first ':' whose left side names a model (its name as in test ids, or the --model value as
+    given). A MODEL:NAME value wins over a bare NAME one for that model; among equals, the last wins.
+    Raises ConfigError naming the selector and each model's inputs when it matches nothing.
+    """
+    bare: dict[str, dict[str, V]] = {m.name: {} for m in models}
+    targeted: dict[str, dict[str, V]] = {m.name: {} for m in models}
+    for selector, value in given:
+        holders = [m for m in models if selector in m.inputs]
+        for m in holders:
+            bare[m.name][selector] = value
+        if holders:
+            continue
+        model, name = _split_model_selector(selector, models)
+        if model is None:
+            raise ConfigError(_no_match_message(option, selector, models))
+        if name not in model.inputs:
+            raise ConfigError(f"{option} '{selector}=...': model '{model.name}' has no input '{name}' "
+                              f"(its inputs: {', '.join(model.inputs) or '(none)'})")
+        targeted[model.name][name] = value
+    return {m.name: {**bare[m.name], **targeted[m.name]} for m in models}
+
+
+def _split_model_selector(selector: str, models: list[ModelInputs]) -> tuple[ModelInputs | None, str]:
+    for pos, char in enumerate(selector):
+        if char == ":":
+            found = next((m for m in models if m.named(selector[:pos])), None)
+            if found is not None:
+                return found, selector[pos + 1:]
+    return None, selector
+
+
+def _no_match_message(option: str, selector: str, models: list[ModelInputs]) -> str:
+    inputs = "; ".join(f"{m.name}: {', '.join(m.inputs) or '(none)'}" for m in models)
+    message = f"{option} '{selector}=...': no model has an input '{selector}'"
+    prefix, colon, _ = selector.partition(":")
+    if colon:
+        message += f", and '{prefix}' names no model (models: {', '.join(m.name for m in models)})"
+    return (f"{message}. Inputs per model: {inputs}. Write NAME=... for every model with input NAME, "
+            f"or MODEL:NAME=... for one model")
+
+
+def model_inputs(spec: ModelSpec, given_as: str = "") -> ModelInputs:
+    """Return the input names of spec's model (loading and checking its ONNX file; zoo: by name)."""
+    if spec.is_zoo:
+        zoo = importlib.import_module(f"harness.zoo.{spec.name}")
+        names: tuple[str, ...] = (zoo.INPUT_NAME,)
+    else:
+        names = tuple(i.name for i in graph_inputs(load_onnx(spec.path)))
+    return ModelInputs(spec.name, names, given_as)
+
+
+def with_input_options(spec: ModelSpec, inputs: ModelInputs, shapes: dict[str, tuple[int, ...]],
+                       frozen: dict[str, FreezeValue]) -> ModelSpec:
+    """Return spec with command-line shapes and frozen inputs laid over its spec file's.
+
+    Raises ConfigError when the spec file's input_shapes or freeze_inputs name an input the model lacks.
+    """
+    for key, entries in (("input_shapes", spec.input_shapes), ("freeze_inputs", spec.freeze_inputs)):
+        unknown = [n for n in entries if n not in inputs.inputs]
+        if unknown:
+            raise ConfigError(f"model spec {inputs.given_as or spec.name} (model '{spec.name}'): {key} names "
+                              f"{', '.join(map(repr, unknown))}, which the model does not have "
+                              f"(inputs: {', '.join(inputs.inputs)})")
+    return replace(spec, input_shapes={**spec.input_shapes, **shapes},
+                   freeze_inputs={**spec.freeze_inputs, **frozen})
+
+
+def resolve_model(text: str, input_shapes: dict[str, tuple[int, ...]], calib_data: Path | None,
+                  freeze_inputs: dict[str, FreezeValue] | None = None) -> ModelSpec:
+    """Return the ModelSpec for a --model value: a zoo name, an .onnx path or a .yaml spec.
+
+    input_shapes and freeze_inputs (already routed to this model) override a spec file's.
+    """
+    frozen = dict(freeze_inputs or {})
     if text in ZOO_MODELS:
-        return ModelSpec(name=text, source="zoo", input_shapes=input_shapes, calib_data=calib_data)
+        return ModelSpec(name=text, source="zoo", input_shapes=input_shapes, calib_data=calib_data,
+                         freeze_inputs=frozen)
     path = Path(text).expanduser()
     if path.suffix in {".yaml", ".yml"}:
-        return _load_spec_file(path, input_shapes, calib_data)
+        return _load_spec_file(path, input_shapes, calib_data, frozen)
     if not path.exists():
         raise ModelError(f"model '{text}': no such file, and not a built-in model "
                          f"(built-in: {', '.join(ZOO_MODELS)})")
     return ModelSpec(name=_name_from_path(path), source=str(path), path=path.resolve(),
-                     input_shapes=input_shapes, calib_data=calib_data)
+                     input_shapes=input_shapes, calib_data=calib_data, freeze_inputs=frozen)
+
+
+def resolve_models(texts: list[str], input_shapes: list[tuple[str, tuple[int, ...]]],
+                   freeze_inputs: list[tuple[str, FreezeValue]], calib_data: Path | None) -> list[ModelSpec]:
+    """Return the ModelSpecs for --model values, each with the --input-shape / --freeze-input values routed to it.
+
+    Raises HarnessError (ConfigError/ModelError) for a missing or invalid model, two models sharing a
+    name, or a selector that names no model or input (see route_input_options).
+    """
+    specs = [resolve_model(text, {}, calib_data) for text in texts]
+    names = [spec.name for spec in specs]
+    shared = sorted({n for n in names if names.count(n) > 1})
+    if shared:
+        raise ConfigError(f"two --model values share the name {shared}: test ids and MODEL: selectors need "
+                          "distinct names (set `name:` in a model spec file)")
+    inputs = [model_inputs(spec, text) for spec, text in zip(specs, texts)]
+    shapes = route_input_options("--input-shape", input_shapes, inputs)
+    frozen = route_input_options("--freeze-input", freeze_inputs, inputs)
+    return [with_input_options(spec, ins, shapes[spec.name], frozen[spec.name]) for spec, ins in zip(specs, inputs)]
 
 
 def _name_from_path(path: Path) -> str:
@@ -110,7 +270,8 @@ def _spec_model_name(data: object, spec_path: Path) -> str:
     return _name_from_path(spec_path)
 
 
-def _load_spec_file(path: Path, input_shapes: dict[str, tuple[int, ...]], calib_data: Path | None) -> ModelSpec:
+def _load_spec_file(path: Path, input_shapes: dict[str, tuple[int, ...]], calib_data: Path | None,
+                    freeze_inputs: dict[str, FreezeValue]) -> ModelSpec:
     try:
         data = yaml.safe_load(path.read_text())
         spec = _SpecFile.model_validate(data)
@@ -128,7 +289,7 @@ def _load_spec_file(path: Path, input_shapes: dict[str, tuple[int, ...]], calib_
     calib = calib_data or ((path.parent / spec.calib_data).resolve() if spec.calib_data else None)
     return ModelSpec(name=spec.name or _name_from_path(model_path), source=str(model_path), path=model_path,
                      input_shapes=shapes, calib_data=calib, thresholds=spec.thresholds,
-                     freeze_inputs=dict(spec.freeze_inputs), rewrites=tuple(spec.rewrites))
+                     freeze_inputs={**spec.freeze_inputs, **freeze_inputs}, rewrites=tuple(spec.rewrites))
 
 
 def load_onnx(path: Path) -> "onnx.ModelProto":

@@ -152,3 +152,124 @@ def test_htp_without_fp16_checks_placement_on_a_quantized_form(run_suites, pytes
     # the quantizer folds Relu into the Conv's output encoding, so that node is 'eliminated'
     assert (feas["nodes_total"], feas["nodes_on_htp"], feas["nodes_eliminated"]) == (4, 3, 1)
     assert feas["htp_fraction"] == 1.0 and feas["unsupported_ops"] == []
+
+
+# --- several models on one command line; the SoC catalog that ships with the package -------------------
+
+PROBE = '''
+def test_probe(harness_session):
+    for t in harness_session.targets:
+        print("TARGET", t.id, t.soc.id, t.soc.vtcm_mb, sorted(t.model.input_shapes.items()),
+              sorted(t.model.freeze_inputs.items()))
+'''
+
+
+@pytest.fixture
+def probe(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
+    """Run the real plugin in a directory without devices.yaml; return (result, TARGET lines)."""
+    monkeypatch.delenv("HARNESS_DEVICES_FILE", raising=False)
+    pytester.makepyfile(test_probe=PROBE)
+
+    def _run(*args: str):
+        result = pytester.runpytest_subprocess("-p", "harness.plugin", "-p", "no:cacheprovider", "-s", "-q",
+                                               "test_probe.py", *args)
+        return result, [line.split(" ", 1)[1] for line in result.stdout.lines if line.startswith("TARGET ")]
+    return _run
+
+
+def test_each_model_gets_the_shapes_of_its_own_inputs(probe):
+    from real_models_helpers import real_model_path
+
+    pnet, rnet, onet = (real_model_path(f"mtcnn_{n}") for n in ("pnet", "rnet", "onet"))
+    result, targets = probe("--model", str(pnet), "--model", str(rnet), "--model", str(onet),
+                            "--input-shape", "input_1=1,12,12,3", "--input-shape", f"{rnet.stem}:input_2=2,24,24,3",
+                            "--input-shape", "input_2=1,24,24,3", "--input-shape", f"{onet}:input_3=1,48,48,3")
+    result.assert_outcomes(passed=1)
+    assert targets == [f"sm8650-emu-{pnet.stem} sm8650 8.0 [('input_1', (1, 12, 12, 3))] []",
+                       f"sm8650-emu-{rnet.stem} sm8650 8.0 [('input_2', (2, 24, 24, 3))] []",  # MODEL:NAME wins
+                       f"sm8650-emu-{onet.stem} sm8650 8.0 [('input_3', (1, 48, 48, 3))] []"]
+
+
+def test_frozen_inputs_and_shapes_route_by_input_name(probe):
+    """silero_vad and melspectrogram both have an input named 'input'; only silero_vad has 'sr'."""
+    from real_models_helpers import real_model_path
+
+    vad, mel = real_model_path("silero_vad"), real_model_path("melspectrogram")
+    result, targets = probe("--model", str(vad), "--model", str(mel), "--input-shape", "input=1,1600",
+                            "--input-shape", f"{vad.stem}:input=1,512", "--freeze-input", "sr=16000",
+                            "--freeze-input", f"{mel.stem}:input=[[0.5, 0.25]]")
+    result.assert_outcomes(passed=1)
+    assert targets == [f"sm8650-emu-{vad.stem} sm8650 8.0 [('input', (1, 512))] [('sr', 16000)]",
+                       f"sm8650-emu-{mel.stem} sm8650 8.0 [('input', (1, 1600))] [('input', [[0.5, 0.25]])]"]
+
+
+@pytest.mark.real_models
+def test_two_real_exports_convert_with_their_own_shapes(run_suites):
+    from real_models_helpers import real_model_path
+
+    pnet, rnet = real_model_path("mtcnn_pnet"), real_model_path("mtcnn_rnet")
+    result, records = run_suites("--model", str(pnet), "--model", str(rnet), "--input-shape", "input_1=1,12,12,3",
+                                 "--input-shape", "input_2=1,24,24,3", "-k", "conversion")
+    result.assert_outcomes(passed=2, deselected=2 * (ALL_STEPS - 1))
+    assert {r["model"]: r["kpis"]["input_shapes"] for r in records} == {
+        pnet.stem: {"input_1": [1, 12, 12, 3]}, rnet.stem: {"input_2": [1, 24, 24, 3]}}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--input-shape", "input_9=1,24,24,3"],
+     "*--input-shape 'input_9=...': no model has an input 'input_9'. Inputs per model: {pnet}: input_1; "
+     "{rnet}: input_2.*MODEL:NAME=...*"),
+    (["--input-shape", "onet:input_3=1,48,48,3"],
+     "*no model has an input 'onet:input_3', and 'onet' names no model (models: {pnet}, {rnet})*"),
+    (["--input-shape", "{pnet}:input_2=1,24,24,3"], "*model '{pnet}' has no input 'input_2' (its inputs: input_1)*"),
+    (["--freeze-input", "sr=16000"], "*--freeze-input 'sr=...': no model has an input 'sr'*"),
+    (["--freeze-input", "input_1=zero"], "*--freeze-input 'input_1=zero': expected NAME=VALUE*"),
+], ids=["unknown-name", "unknown-model", "model-lacks-input", "unknown-frozen-input", "bad-freeze-value"])
+def test_input_selectors_that_match_nothing_are_usage_errors(run_suites, args, message):
+    from real_models_helpers import real_model_path
+
+    pnet, rnet = real_model_path("mtcnn_pnet"), real_model_path("mtcnn_rnet")
+    names = {"pnet": pnet.stem, "rnet": rnet.stem}
+    result, _ = run_suites("--model", str(pnet), "--model", str(rnet), "--co", *(a.format(**names) for a in args))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([message.format(**names)])
+    assert "Traceback" not in result.stderr.str()
+
+
+def test_builtin_emulators_without_a_devices_file(probe):
+    result, targets = probe("--device", "sm8650", "--device", "qcs6490-emu")
+    result.assert_outcomes(passed=1)
+    assert targets == ["sm8650-emu-digits_cnn sm8650 8.0 [] []", "qcs6490-emu-digits_cnn qcs6490 2.0 [] []"]
+
+
+def test_devices_file_with_only_devices_and_a_one_field_soc_override(probe, pytester):
+    only_devices = pytester.path / "farm.yaml"
+    only_devices.write_text("devices:\n  - {id: lab-8g3, soc: sm8650, transport: emulator}\n")
+    result, targets = probe("--devices-file", str(only_devices), "--device", "sm8650")
+    result.assert_outcomes(passed=1)
+    assert targets == ["lab-8g3-digits_cnn sm8650 8.0 [] []"]
+
+    override = pytester.path / "override.yaml"
+    override.write_text("socs:\n  sm8650: {vtcm_mb: 4}\n"
+                        "devices:\n  - {id: lab-8g3, soc: sm8650, transport: emulator}\n")
+    result, targets = probe("--devices-file", str(override), "--device", "lab-8g3")
+    result.assert_outcomes(passed=1)
+    assert targets == ["lab-8g3-digits_cnn sm8650 4.0 [] []"]
+
+
+def test_the_suites_collect_with_a_devices_file_that_lists_only_devices(run_suites, pytester):
+    farm = pytester.path / "farm.yaml"
+    farm.write_text("devices:\n  - {id: lab-8g3, soc: sm8650, transport: emulator}\n")
+    result, _ = run_suites("--devices-file", str(farm), "--device", "sm8650", "--co", "-q")
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(["*test_ptq?lab-8g3-digits_cnn?", f"{ALL_STEPS} tests collected*"])
+
+
+def test_device_of_an_unknown_soc_is_a_usage_error(run_suites, pytester):
+    farm = pytester.path / "farm.yaml"
+    farm.write_text("devices:\n  - {id: next-gen, soc: sm9999, transport: emulator}\n")
+    result, _ = run_suites("--devices-file", str(farm), "--co")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{farm}: invalid devices file*",
+                                 "*devices[[]0] (next-gen): unknown SoC 'sm9999'*known SoCs: qcs6490, sa8295p, "
+                                 "sm8450, sm8550, sm8650, sm8750*"])

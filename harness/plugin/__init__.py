@@ -39,15 +39,31 @@ def _input_shape(text: str) -> tuple[str, tuple[int, ...]]:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _freeze_input(text: str) -> tuple[str, object]:
+    from harness.models import parse_freeze_input
+
+    try:
+        return parse_freeze_input(text)
+    except HarnessError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("snapdragon", "Snapdragon onboarding harness")
     group.addoption("--device", action="append", default=[], metavar="ID|SOC",
                     help=f"device id or SoC id from the devices file (repeatable; default {DEFAULT_DEVICE})")
-    group.addoption("--devices-file", default=None, metavar="PATH", help="devices file (default: ./devices.yaml)")
+    group.addoption("--devices-file", default=None, metavar="PATH",
+                    help="devices file (default: $HARNESS_DEVICES_FILE, else devices.yaml in the rootdir if present, "
+                         "else the built-in emulator devices, one per SoC)")
     group.addoption("--model", action="append", default=[], metavar="NAME|PATH",
                     help="built-in model name, ONNX file or model spec YAML (repeatable; default digits_cnn)")
-    group.addoption("--input-shape", action="append", default=[], type=_input_shape, metavar="NAME=D0,D1,...",
-                    help="fix an input's dims (repeatable)")
+    group.addoption("--input-shape", action="append", default=[], type=_input_shape,
+                    metavar="[MODEL:]NAME=D0,D1,...",
+                    help="fix the dims of input NAME in every model that has it, or in MODEL only (repeatable)")
+    group.addoption("--freeze-input", action="append", default=[], type=_freeze_input,
+                    metavar="[MODEL:]NAME=VALUE",
+                    help="freeze input NAME to a constant (a number, a comma list or a JSON list) in every model "
+                         "that has it, or in MODEL only, before conversion (repeatable)")
     group.addoption("--calib-data", default=None, metavar="DIR", help="directory of .npy/.npz calibration samples")
     group.addoption("--cache-dir", default=None, metavar="DIR",
                     help="artifact cache (default: $HARNESS_CACHE_DIR or ~/.cache/snapdragon-harness)")
@@ -58,25 +74,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def _build_session(config: pytest.Config):
     from harness.cache import DEFAULT_CACHE_DIR, ArtifactCache
     from harness.devices import load_devices_file
-    from harness.models import load_onnx, resolve_model
+    from harness.models import resolve_models
     from harness.pipeline import Target
     from harness.session import DevicePool, HarnessSession
 
     opt = config.option
-    devices_file = opt.devices_file
+    devices_file = opt.devices_file or os.environ.get("HARNESS_DEVICES_FILE")
     if devices_file is None and (Path(config.rootpath) / "devices.yaml").is_file():
         devices_file = Path(config.rootpath) / "devices.yaml"
-    devices = load_devices_file(devices_file)
+    devices = load_devices_file(devices_file)  # None: the built-in emulator devices
     selected = devices.select(opt.device or [os.environ.get("HARNESS_DEVICE", DEFAULT_DEVICE)])
-    shapes = dict(opt.input_shape)
     calib = Path(opt.calib_data).expanduser() if opt.calib_data else None
-    models = [resolve_model(m, shapes, calib) for m in (opt.model or ["digits_cnn"])]
-    for m in models:
-        if m.path is not None:
-            load_onnx(m.path)
-    names = [m.name for m in models]
-    if len(set(names)) != len(names):
-        raise HarnessError(f"two --model values share the name {sorted({n for n in names if names.count(n) > 1})}")
+    models = resolve_models(opt.model or ["digits_cnn"], opt.input_shape, opt.freeze_input, calib)
     cache_root = Path(opt.cache_dir or os.environ.get("HARNESS_CACHE_DIR") or DEFAULT_CACHE_DIR).expanduser()
     cache = ArtifactCache(cache_root)
     targets = [Target(d, devices.soc(d.soc), m) for d in selected for m in models]
