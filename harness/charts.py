@@ -1,4 +1,5 @@
-"""PNG charts for the profile step: a latency histogram and a per-op cycles bar chart.
+"""PNG charts: the profile step's latency histogram and per-op cycles bar chart, and mixed
+precision's accuracy-vs-promotions (Pareto) curve.
 
 Uses matplotlib's object API on an Agg canvas, so no display and no global backend switch.
 """
@@ -54,5 +55,54 @@ def per_op_bars(rows: Sequence[dict], title: str, path: Path, top: int = 15) -> 
     ax.set_title(title, fontsize=10)
     ax.tick_params(axis="y", labelsize=8)
     ax.margins(x=0.15)
+    fig.savefig(path, format="png")
+    return Path(path)
+
+
+def pareto_curve(rows: Sequence[dict], title: str, path: Path, min_sqnr_db: float | None = None,
+                 min_cosine: float | None = None) -> Path:
+    """Write mixed precision's trade-off: output SQNR and cosine similarity against the number of
+    promoted activations, and SQNR against model size (points labelled with units and simulated ms),
+    the KPI limits dashed, configurations meeting the KPI filled; return path."""
+    from matplotlib.ticker import MaxNLocator
+
+    shown = [r for r in rows if r.get("sqnr_db") is not None]
+    fig = _figure(11, 4.2)
+    left, right = fig.subplots(1, 2)
+    cap = 100.0
+    x = [r["promoted_tensors"] for r in shown]
+    sqnr = [min(r["sqnr_db"], cap) for r in shown]
+    met = [bool(r.get("meets_kpi")) for r in shown]
+    left.plot(x, sqnr, "-", color="#3572a5", lw=1.2)
+    left.scatter(x, sqnr, c=["#2e8b57" if m else "white" for m in met], edgecolors="#3572a5", zorder=3,
+                 label="SQNR (filled: KPI met)")
+    if min_sqnr_db is not None:
+        left.axhline(min_sqnr_db, color="#c0392b", ls="--", lw=1, label=f"min SQNR {min_sqnr_db:g} dB")
+    left.set_xlabel("promoted activations (16-bit)")
+    left.xaxis.set_major_locator(MaxNLocator(integer=True))
+    left.set_ylabel("output SQNR vs float (dB)")
+    twin = left.twinx()
+    twin.plot(x, [r["cosine_similarity"] for r in shown], "s:", ms=4, color="#e67e22", label="cosine similarity")
+    if min_cosine is not None:
+        twin.axhline(min_cosine, color="#e67e22", ls="--", lw=0.8, alpha=0.6)
+    twin.set_ylabel("cosine similarity")
+    lines = left.get_legend_handles_labels()
+    extra = twin.get_legend_handles_labels()
+    left.legend(lines[0] + extra[0], lines[1] + extra[1], fontsize=8, loc="lower right")
+    left.grid(alpha=0.3)
+    size_kb = [r["model_bytes"] / 1024 for r in shown]
+    right.plot(size_kb, sqnr, "-", color="#888888", lw=0.8)
+    right.scatter(size_kb, sqnr, c=["#2e8b57" if m else "white" for m in met], edgecolors="#3572a5", zorder=3)
+    for r, xs, ys in zip(shown, size_kb, sqnr):
+        ms = f", {r['simulated_ms']:.3g} ms" if r.get("simulated_ms") is not None else ""
+        right.annotate(f"{r['promoted_units']} unit(s){ms}", (xs, ys), textcoords="offset points",
+                       xytext=(5, -10), fontsize=7)
+    if min_sqnr_db is not None:
+        right.axhline(min_sqnr_db, color="#c0392b", ls="--", lw=1)
+    right.set_xlabel("model size (KiB)")
+    right.margins(x=0.2, y=0.1)
+    right.set_ylabel("output SQNR vs float (dB)")
+    right.grid(alpha=0.3)
+    fig.suptitle(title, fontsize=10)
     fig.savefig(path, format="png")
     return Path(path)

@@ -111,3 +111,75 @@ def build_deep_model(path: Path, blocks: int = 40, channels: int = 8, seed: int 
     path.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(model, str(path))
     return path
+
+
+
+CONCAT_BIG_TENSOR = "big"  # the Concat input holding one channel near CONCAT_OUTLIER
+CONCAT_FEATURE_TENSOR = "feat"  # the ordinary feature map it is concatenated with
+CONCAT_OUTPUT_TENSOR = "cat"
+CONCAT_OUTLIER = 1000.0
+
+
+def build_concat_outlier_model(path: Path, outlier: float = CONCAT_OUTLIER, depth: int = 12,
+                               big_gain: float = 0.5, spread: float = 1.0, seed: int = 0) -> Path:
+    """Write a CNN whose one Concat joins an ordinary feature map with a channel near `outlier`; return path.
+
+        x [1,3,8,8] -> conv1 -> relu1 -> feat [1,8,8,8] (about [0, 3]) --------------------------\\
+        x -> conv_big (1x1) -> big_raw (+-`spread`) -> add (+outlier) -> big [1,1,8,8] -> concat -> cat [1,9,8,8]
+        cat -> head (1x1: feat and big_gain * (big - outlier)) -> depth x (conv 3x3 -> relu) -> maxpool -> conv -> out
+
+    In 8 bits `big`'s scale (outlier/255) erases its variations, and `cat`'s erases `feat`. `cat`'s
+    cosine similarity stays near 1 (its big channel dominates it), so the damage shows from the
+    head on. Promoting `cat` and what follows recovers `feat` but not `big`, which is 8-bit at the
+    Concat's input already: only promoting the Concat's inputs and output together recovers the
+    model. The head's weights lie on the 8-bit weight grid, so weight rounding times `outlier`
+    does not mask the activations' loss.
+
+    The default outlier is 1000: with a channel near 5000 the host's QDQ emulation recovers to
+    32 dB, but the HTP simulator's 16-bit convolution loses the big channel's variations
+    (12 dB even with every activation at 16 bits).
+    """
+    rng = np.random.default_rng(seed)
+    c = 8
+    arrays = {
+        "conv1_w": (rng.normal(size=(c, 3, 3, 3)) * 0.3).astype(np.float32),
+        "conv1_b": np.full(c, 0.1, np.float32),
+        "big_w": (rng.normal(size=(1, 3, 1, 1)) * spread).astype(np.float32),
+        "big_b": np.zeros(1, np.float32),
+        "offset": np.array(outlier, np.float32),
+    }
+    step = 2.0 ** -7  # the 8-bit weight grid of the head: its weights span [-128, 127] steps exactly
+    head = np.clip(np.round(rng.normal(size=(c, c + 1, 1, 1)) * 0.4 / step), -128, 127)
+    head[:, c] = rng.choice([-1.0, 1.0], size=(c, 1, 1)) * round(big_gain / step)
+    head[0, 0], head[1, 0] = -128, 127
+    arrays["head_w"] = (head * step).astype(np.float32)
+    arrays["head_b"] = (-arrays["head_w"][:, c, 0, 0] * outlier).astype(np.float32)  # the head reads big - outlier
+    nodes = [
+        helper.make_node("Conv", ["x", "conv1_w", "conv1_b"], ["conv1_out"], name="conv1", pads=[1] * 4),
+        helper.make_node("Relu", ["conv1_out"], [CONCAT_FEATURE_TENSOR], name="relu1"),
+        helper.make_node("Conv", ["x", "big_w", "big_b"], ["big_raw"], name="conv_big"),
+        helper.make_node("Add", ["big_raw", "offset"], [CONCAT_BIG_TENSOR], name="add_offset"),
+        helper.make_node("Concat", [CONCAT_FEATURE_TENSOR, CONCAT_BIG_TENSOR], [CONCAT_OUTPUT_TENSOR],
+                         name="concat", axis=1),
+        helper.make_node("Conv", [CONCAT_OUTPUT_TENSOR, "head_w", "head_b"], ["h0"], name="head"),
+    ]
+    for k in range(depth):
+        arrays[f"c{k}_w"] = (rng.normal(size=(c, c, 3, 3)) * (1.4 / np.sqrt(9 * c))).astype(np.float32)
+        arrays[f"c{k}_b"] = np.zeros(c, np.float32)
+        nodes += [helper.make_node("Conv", [f"h{k}", f"c{k}_w", f"c{k}_b"], [f"c{k}_out"], name=f"conv{k + 2}",
+                                   pads=[1] * 4),
+                  helper.make_node("Relu", [f"c{k}_out"], [f"h{k + 1}"], name=f"relu{k + 2}")]
+    arrays["out_w"] = (rng.normal(size=(4, c, 1, 1)) * 0.5).astype(np.float32)
+    arrays["out_b"] = np.zeros(4, np.float32)
+    nodes += [helper.make_node("MaxPool", [f"h{depth}"], ["pooled"], name="pool", kernel_shape=[2, 2], strides=[2, 2]),
+              helper.make_node("Conv", ["pooled", "out_w", "out_b"], ["out"], name="out")]
+    graph = helper.make_graph(nodes, "concat_outlier_cnn",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(INPUT_SHAPE))],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 4, 4, 4])],
+                              [numpy_helper.from_array(a, n) for n, a in arrays.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    onnx.checker.check_model(model)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path))
+    return path

@@ -5,15 +5,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from accuracy_helpers import REPO, demo_onboarding
 from harness.encodings import load_encodings
-from harness.models import Thresholds
+from harness.models import Thresholds, resolve_model
+from harness.pipeline import Onboarding, Target
 from harness.steps import mixed_precision as mp
+from harness.steps import promotion
+from harness.steps.promotion import PromotionUnit
 from harness.steps import sweep as sw
 from harness.steps.ptq import QuantRecipe
-from models_outlier import HOSTILE_FUSED_TENSOR, HOSTILE_TENSOR, build_outlier_model
+from models_outlier import (CONCAT_BIG_TENSOR, CONCAT_FEATURE_TENSOR, CONCAT_OUTPUT_TENSOR, HOSTILE_FUSED_TENSOR,
+                            HOSTILE_TENSOR, build_concat_outlier_model, build_outlier_model)
 
 SUITES = REPO / "suites"
 ACCURACY_SUITES = ("test_04_ptq.py", "test_05_error_isolation.py", "test_06_sweep.py", "test_07_mixed_precision.py")
@@ -40,6 +45,16 @@ def test_promotion_schedule():
     assert mp.promotion_schedule(0, 7) == []
 
 
+def test_the_budget_counts_quantized_activations_not_units():
+    units = [PromotionUnit(("conv_out", "relu_out"), ("relu_out",)),  # a folded tensor counts with its host
+             PromotionUnit(("a", "b", "cat"), ("a", "b", "cat")), PromotionUnit(("d",), ("d",))]
+    assert [u.size for u in units] == [1, 3, 1] and units[1].label == "cat"
+    assert mp.units_within_budget(units, 8) == 3
+    assert mp.units_within_budget(units, 4) == 2
+    assert mp.units_within_budget(units, 3) == 1
+    assert mp.units_within_budget(units, 0) == 0
+
+
 def test_quick_sweep_ranks_candidates_run_on_the_htp(demo):
     report = demo.sweep()
     k = report.kpis
@@ -63,7 +78,8 @@ def test_mixed_precision_recovers_the_kpi_by_promoting_the_hostile_tensor(demo):
     assert k["cosine_similarity"] > k["start_cosine_similarity"]
     assert k["model_bytes"] > k["model_bytes_start"] and k["mean_inference_ms"] > 0
     assert k["latency_source"] == "simulator"
-    assert [s["promoted_count"] for s in report.tables["steps"]] == [0, 1]
+    assert [s["promoted_units"] for s in report.tables["pareto"]] == [0, 1]
+    assert k["ranking_runtime"] == "host_qdq" and k["units_measured"] >= 1
     # PTQ missed its KPI and mixed precision met it: the mixed-precision model ships
     assert demo.deployable_model() == report.artifacts["model"] != demo.qdq_model()
     assert k["encodings_of"] == "mixed_precision"
@@ -81,11 +97,14 @@ def test_every_candidate_failing_ends_in_a_failed_step_listing_what_was_tried(de
     assert "no candidate of the 'quick' sweep met the KPI" in failure
     assert all(c.name in failure for c in candidates)
     start = next(c for c in candidates if c.recipe.activation_type == "QUInt8")
+    units = [PromotionUnit((HOSTILE_FUSED_TENSOR, HOSTILE_TENSOR), (HOSTILE_TENSOR,)),
+             PromotionUnit(("relu2_out",), ("relu2_out",)), PromotionUnit(("a", "b", "c"), ("a", "b", "c"))]
     report = mp.mixed_precision(demo.converted_model(), demo.dataset(), demo.float_reference(), sm8650_runner,
-                                impossible, cache, start, [[HOSTILE_FUSED_TENSOR, HOSTILE_TENSOR], ["relu2_out"]])
+                                impossible, cache, start, units)
     assert not report.passed and report.kpis["met_threshold"] is False
     assert "did not meet the KPI" in report.failures[0] and HOSTILE_TENSOR in report.failures[0]
-    assert [s["promoted_count"] for s in report.tables["steps"]] == [0, 1, 2]
+    assert [s["promoted_units"] for s in report.tables["pareto"]] == [0, 1, 2]
+    assert report.kpis["units_over_budget"] == 1  # three tensors do not fit a budget of two
 
 
 def test_candidates_that_cannot_be_quantized_are_recorded_not_raised(demo, cache, sm8650_runner):
@@ -96,6 +115,61 @@ def test_candidates_that_cannot_be_quantized_are_recorded_not_raised(demo, cache
     assert not report.passed and report.kpis["best"] is None
     assert all("'missing'" in c.error for c in candidates)
     assert "error: bad.json: 1 tensor(s) not in the model" in report.failures[0]
+
+
+# ------------------------------------------------------- a Concat joining a feature map with a channel near 1000
+
+CONCAT_GROUP = {"conv1_out", CONCAT_FEATURE_TENSOR, CONCAT_BIG_TENSOR, CONCAT_OUTPUT_TENSOR}
+
+
+@pytest.fixture(scope="module")
+def concat_demo(tmp_path_factory, devices, sm8650_runner, cache):
+    """The Concat-outlier model onboarded with --sweep off: mixed precision starts from PTQ's 8 bits."""
+    path = build_concat_outlier_model(tmp_path_factory.mktemp("concat") / "concat_outlier.onnx")
+    dev = devices.select(["sm8650-emu"])[0]
+    return Onboarding(Target(dev, devices.soc(dev.soc), resolve_model(str(path), {}, None)), sm8650_runner, cache,
+                      sw.AccuracyOptions(sweep="off"))
+
+
+def test_promotion_units_tie_a_concat_its_inputs_and_shared_encodings(concat_demo):
+    units = promotion.promotion_units(concat_demo.converted_model(), concat_demo.qdq_model(),
+                                      concat_demo.error_isolation())
+    by_label = {u.label: u for u in units}
+    concat = by_label[CONCAT_OUTPUT_TENSOR]
+    assert set(concat.tensors) == CONCAT_GROUP and concat.size == 3  # conv1_out is folded into feat
+    assert any(t.startswith("Concat concat") for t in concat.ties) and any("folded" in t for t in concat.ties)
+    pooled = by_label["pooled"]  # the quantizer gives MaxPool's output its input's encoding
+    assert pooled.tensors == ("c11_out", "h12", "pooled") and any("one encoding" in t for t in pooled.ties)
+    assert sorted(t for u in units for t in u.tensors) == sorted({t for u in units for t in u.tensors})
+    assert units[0] is concat  # error isolation ranks the Concat's output most sensitive
+
+
+def test_mixed_precision_recovers_a_concat_of_an_outlier_channel_by_promoting_the_group(concat_demo, cache,
+                                                                                       sm8650_runner):
+    ptq = concat_demo.ptq()
+    assert not ptq.passed and ptq.kpis["sqnr_db"] < 10
+    report = concat_demo.mixed_precision()
+    k = report.kpis
+    assert report.passed and k["met_threshold"] and k["ranking_runtime"] == "host_qdq"
+    assert set(k["promoted_units"][0]) == CONCAT_GROUP  # the Concat's inputs and output, together
+    assert k["promoted_tensor_count"] <= concat_demo.thresholds.max_promoted_tensors
+    assert k["sqnr_db"] >= 25.0 and k["sqnr_db"] >= k["start_sqnr_db"] + 15 and k["cosine_similarity"] >= 0.998
+    best = report.tables["candidates"][0]
+    assert best["unit"] == CONCAT_OUTPUT_TENSOR and best["measured_on"] == "host_qdq" and best["sqnr_gain_db"] > 15
+    pareto = report.tables["pareto"]
+    assert [r["promoted_units"] for r in pareto] == [0, 1] and pareto[-1]["meets_kpi"]
+    assert {"promoted_units", "promoted_tensors", "units", "cosine_similarity", "sqnr_db", "task_metric",
+            "model_bytes", "simulated_ms"} <= set(pareto[0])
+    assert pareto[1]["model_bytes"] > pareto[0]["model_bytes"]
+    assert report.artifacts["pareto_plot"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Splitting the group does not recover: the Concat's output and what follows, without its inputs,
+    # is what ranking by error isolation alone promoted (the big input's cosine stays near 1).
+    start = concat_demo._mixed_precision_start()
+    split = [PromotionUnit((t,), (t,)) for t in (CONCAT_OUTPUT_TENSOR, "h0", "h1", "h2", "pooled", "out")]
+    plateau = sw.evaluate_recipe(mp.promoted_recipe(start.recipe, split), concat_demo.converted_model(),
+                                 concat_demo.dataset(), concat_demo.float_reference(), sm8650_runner,
+                                 concat_demo.thresholds, cache)
+    assert not plateau.meets and plateau.kpis["sqnr_db"] < concat_demo.thresholds.min_sqnr_db
 
 
 # ------------------------------------------------------------------------- the suites, end to end
@@ -140,3 +214,83 @@ def _encodings_file(steps) -> Path:
     kpis = steps["mixed_precision"]["kpis"]
     assert kpis["encodings_of"] == "mixed_precision"
     return Path(kpis["encodings_file"])
+
+
+# ------------------------------------------------------------------------- a real model: openWakeWord's embedding
+
+EMBEDDING_SHAPE = {"input_1": (1, 76, 32, 1)}
+SAMPLE_RATE = 16000
+
+
+def _test_audio(seconds: float = 2.0, seed: int = 0) -> list[np.ndarray]:
+    """Synthetic 16 kHz audio at int16 scale: chirps, tones with harmonics and tremolo, noise bursts."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(SAMPLE_RATE * seconds)) / SAMPLE_RATE
+    clips = [np.sin(2 * np.pi * (f0 * t + (f1 - f0) * t ** 2 / (2 * seconds))) * 8000
+             for f0, f1 in ((100, 4000), (300, 1200), (2000, 200), (80, 7000))]
+    clips += [(np.sin(2 * np.pi * f * t) + 0.5 * np.sin(4 * np.pi * f * t)) * (0.5 + 0.5 * np.sin(6 * np.pi * t)) * 6000
+              for f in (220.0, 440.0, 880.0)]
+    for k in range(3):
+        burst = rng.normal(0, 30, t.size)
+        start = int(t.size * (0.1 + 0.25 * k))
+        burst[start:start + SAMPLE_RATE // 5] += rng.normal(0, 3000, SAMPLE_RATE // 5)
+        clips.append(burst)
+    return [c.astype(np.float32) for c in clips]
+
+
+def _melspec_windows(melspectrogram: Path, out_dir: Path) -> Path:
+    """Write openWakeWord's embedding-model inputs for the test audio to out_dir (one .npy); return out_dir.
+
+    As openWakeWord does: melspectrogram.onnx on the audio, `spec / 10 + 2`, windows of 76 frames."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(melspectrogram), providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    windows = []
+    for clip in _test_audio():
+        spec = np.squeeze(session.run(None, {name: clip[None]})[0]) / 10 + 2
+        windows += [spec[None, i:i + 76, :, None] for i in range(0, spec.shape[0] - 76 + 1, 40)]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    np.save(out_dir / "melspec_windows.npy", np.stack(windows).astype(np.float32))
+    (out_dir / "description.txt").write_text("openWakeWord melspectrogram windows of synthetic chirps, tones, noise")
+    return out_dir
+
+
+def _embedding_onboarding(devices, runner, cache, calib_dir: Path | None) -> Onboarding:
+    from real_models_helpers import real_model_path
+
+    spec = resolve_model(str(real_model_path("embedding_model")), EMBEDDING_SHAPE, calib_dir)
+    dev = devices.select(["sm8650-emu"])[0]
+    return Onboarding(Target(dev, devices.soc(dev.soc), spec), runner, cache, sw.AccuracyOptions(sweep="off"))
+
+
+@pytest.mark.real_models
+def test_embedding_model_on_melspectrogram_windows_needs_no_promotion(tmp_path, devices, sm8650_runner, cache):
+    from real_models_helpers import real_model_path
+
+    calib = _melspec_windows(real_model_path("melspectrogram"), tmp_path / "calib")
+    onboarding = _embedding_onboarding(devices, sm8650_runner, cache, calib)
+    assert len(onboarding.calibration()) == 40
+    ptq = onboarding.ptq()
+    assert ptq.passed and ptq.kpis["cosine_similarity"] >= 0.99  # realistic inputs quantize well in 8 bits
+    report = onboarding.mixed_precision()
+    assert report.passed and report.kpis["promoted"] == [] and report.kpis["ranking_runtime"] is None
+    assert [r["promoted_units"] for r in report.tables["pareto"]] == [0]
+
+
+@pytest.mark.real_models
+def test_embedding_model_on_random_data_recovers_an_htp_only_loss_by_ranking_on_the_device(devices, sm8650_runner,
+                                                                                         cache):
+    onboarding = _embedding_onboarding(devices, sm8650_runner, cache, None)
+    ptq = onboarding.ptq()
+    assert not ptq.passed and ptq.kpis["cosine_similarity"] < 0.95  # REAL_MODELS.md: 8-bit PTQ misses (0.89)
+    assert onboarding.error_isolation().kpis["divergence_cause"] == "htp"
+    report = onboarding.mixed_precision()
+    k = report.kpis
+    assert report.passed and k["met_threshold"]
+    # The host's QDQ emulation of the 8-bit model already meets the KPI: only the device can rank.
+    assert k["start_host_sqnr_db"] >= onboarding.thresholds.min_sqnr_db and k["ranking_runtime"] == "htp"
+    assert k["units_measured"] == mp.DEVICE_MEASURED_UNITS
+    assert k["sqnr_db"] >= k["start_sqnr_db"] + 20 and k["cosine_similarity"] >= 0.999
+    assert k["promoted_tensor_count"] <= 2
+    assert report.artifacts["pareto_plot"].is_file()

@@ -1,29 +1,87 @@
-"""Step 3, stage 5: mixed precision, promoting the most sensitive activations to 16 bits.
+"""Step 3, stage 5: mixed precision, promoting the activations that matter most to 16 bits.
 
-Starting from an 8-bit recipe, the activations error isolation ranked most sensitive are given
-16 bits through onnxruntime's QNN tensor overrides (`{"tensor": [{"quant_type": QUInt16}]}`; the
-QNN QDQ config inserts the 8↔16-bit conversions around them) in steps of 1, 2, 4, ... tensors,
-until the model's KPI is met or the budget of promoted tensors is spent. A tensor the quantizer
-folds into another (a Conv output feeding a removed Relu) is promoted with it.
+Starting from an 8-bit recipe:
+
+1. **Units.** Activations are promoted in *promotion units* (harness.steps.promotion): a tensor with
+   the tensors folded into it, the tensors sharing its encoding, and the inputs and outputs of
+   value-selecting ops such as Concat, all together.
+2. **Measured ranking.** The units error isolation pre-ranks most sensitive (at most
+   MEASURED_UNITS of them) are each promoted alone and the model's outputs measured against float
+   on the host's QDQ emulation (onnxruntime CPU, graph optimizations off): one quantization and
+   one pass over the evaluation samples per candidate, candidates in parallel, all cached. When
+   the host's emulation of the start recipe already meets the KPI and only the device misses it,
+   the loss is the HTP's own and the host cannot rank what fixes it: the top DEVICE_MEASURED_UNITS
+   units are then measured on the device's `htp` runtime instead. Units are ranked by the output
+   SQNR they reach (then cosine similarity, then pre-rank), those that helped first; a unit that
+   was not measured, or whose candidate could not be quantized or run (the HTP refuses some ops
+   with 16-bit inputs), is never promoted.
+3. **Confirmed on the device.** The top 1, 2, 4, ... units are promoted through onnxruntime's QNN
+   tensor overrides (`{"tensor": [{"quant_type": QUInt16}]}`; the QNN QDQ config inserts the 8↔16-bit
+   conversions) and each configuration runs on the device's `htp` runtime, until the model's KPI
+   is met or the budget is spent. `max_promoted_tensors` counts quantized activations: every tensor
+   of a unit that has a QuantizeLinear in the QDQ model counts, also when it shares its encoding;
+   a folded tensor (none of its own) counts with the tensor it is folded into. A unit larger than
+   the whole budget is never tried.
+
+The report's `pareto` table and chart give the accuracy / model size / simulated time trade-off per
+promotion count, as AIMET's AMP Pareto curve does.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
-from harness.cache import ArtifactCache
-from harness.data import Dataset, Feed
+import numpy as np
+
+from harness.cache import ArtifactCache, content_key
+from harness.data import Dataset, Feed, feeds_digest
+from harness.errors import HarnessError, StepError
+from harness.kpi import check_all
 from harness.models import Thresholds
 from harness.runner.client import DeviceRunner
+from harness.steps.inference import task_metric
+from harness.steps.promotion import PromotionUnit
+from harness.steps.ptq import QuantRecipe, compare_quantized, quantize
 from harness.steps.report import StepReport
-from harness.steps.sweep import Candidate, accuracy_limits, evaluate_recipe, rank
+from harness.steps.sweep import (Candidate, _private_copy, accuracy_limits, evaluate_all, evaluate_recipe, rank,
+                                 with_entropy_ranges)
 
 PROMOTED_TYPE = "QUInt16"
+MEASURED_UNITS = 16  # candidate units measured on the host per run (the top of error isolation's pre-rank)
+DEVICE_MEASURED_UNITS = 8  # the same, when the loss is the HTP's own and candidates run on the device
+HELPS_DB = 0.1  # a unit whose SQNR gain on the host is below this did not help on its own
+
+
+@dataclass(frozen=True)
+class UnitEffect:
+    """One unit promoted alone from the start recipe: its KPIs (host QDQ emulation or device), or why
+    it was not measured; `candidate` is the device evaluation when it ran on the device."""
+
+    unit: PromotionUnit
+    recipe: QuantRecipe
+    kpis: dict[str, Any] | None = None
+    error: str | None = None
+    candidate: Candidate | None = None
+
+    @property
+    def measured(self) -> bool:
+        """True when the host run gave KPIs."""
+        return self.kpis is not None
+
+    def sqnr_gain_db(self, start_sqnr_db: float) -> float | None:
+        """Return the output SQNR gained over the start recipe on the host (None when not measured)."""
+        if self.kpis is None:
+            return None
+        return float(self.kpis["sqnr_db"]) - start_sqnr_db
 
 
 def promotion_schedule(budget: int, available: int) -> list[int]:
-    """Return the cumulative numbers of tensors to promote: 1, 2, 4, ... capped by budget and available."""
+    """Return the cumulative numbers of units to promote: 1, 2, 4, ... capped by budget and available."""
     limit = min(budget, available)
     counts, k = [], 1
     while k < limit:
@@ -34,67 +92,224 @@ def promotion_schedule(budget: int, available: int) -> list[int]:
     return counts
 
 
+def units_within_budget(ranked: list[PromotionUnit], budget: int) -> int:
+    """Return how many of the first ranked units fit in budget quantized activations."""
+    spent = 0
+    for n, unit in enumerate(ranked):
+        spent += unit.size
+        if spent > budget:
+            return n
+    return len(ranked)
+
+
 def pinned_tensors(candidate: Candidate) -> set[str]:
     """Return the tensors whose encodings the user fixed with --quantization-overrides."""
     return set(candidate.recipe.encodings.get("activation_encodings", {}))
 
 
+def promoted_recipe(start: QuantRecipe, units: list[PromotionUnit], label: str = "") -> QuantRecipe:
+    """Return start with every tensor of units promoted to 16 bits, labelled `label` (default
+    mp<number of units>)."""
+    overrides = {**start.tensor_overrides,
+                 **{t: [{"quant_type": PROMOTED_TYPE}] for unit in units for t in unit.tensors}}
+    return replace(start, tensor_overrides=overrides, label=label or f"mp{len(units)}")
+
+
+# ------------------------------------------------------------------------------ host measurement
+
+def host_qdq_outputs(model: Path, feeds: list[Feed], threads: int = 0) -> list[Feed]:
+    """Return model's outputs on the host's QDQ emulation: onnxruntime's CPU EP with graph
+    optimizations off, so every QuantizeLinear/DequantizeLinear pair runs as written."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.intra_op_num_threads = threads
+    try:
+        session = ort.InferenceSession(str(model), so, providers=["CPUExecutionProvider"])
+        names = [o.name for o in session.get_outputs()]
+        return [dict(zip(names, session.run(names, feed))) for feed in feeds]
+    except Exception as e:
+        raise StepError(f"host QDQ run of {model.name} failed: {type(e).__name__}: {e}") from None
+
+
+def host_kpis(qdq_model: Path, dataset: Dataset, reference: list[Feed], cache: ArtifactCache,
+              threads: int = 0) -> dict[str, Any]:
+    """Return the KPIs of qdq_model on the host's QDQ emulation against the float reference (cached)."""
+    labels = [] if dataset.labels is None else np.asarray(dataset.labels).tolist()
+    key = content_key("mp-host-v1", qdq_model, feeds_digest(dataset.evaluation), feeds_digest(reference), labels)
+
+    def build(out: Path) -> None:
+        outputs = host_qdq_outputs(qdq_model, dataset.evaluation, threads)
+        kpis = compare_quantized(outputs, reference, dataset, task_metric(reference, dataset, reference))
+        (out / "kpis.json").write_text(json.dumps(kpis, indent=1, default=float))
+
+    return json.loads((cache.entry("mp_host_eval", key, build).path / "kpis.json").read_text())
+
+
+def quantize_recipe(recipe: QuantRecipe, model: Path, dataset: Dataset, cache: ArtifactCache) -> Path:
+    """Return the cached QDQ model of recipe, quantized as the sweep does (entropy ranges, private copy)."""
+    if recipe.calibrate_method == "Entropy":
+        recipe = with_entropy_ranges(recipe, model, dataset.calibration, cache)
+    with _private_copy(model, cache) as own:
+        return quantize(own, dataset.calibration, recipe, cache)
+
+
+def measure_units(units: list[PromotionUnit], start: QuantRecipe, model: Path, dataset: Dataset,
+                  reference: list[Feed], cache: ArtifactCache, max_workers: int | None = None) -> list[UnitEffect]:
+    """Return each unit promoted alone from start and measured on the host's QDQ emulation, in
+    parallel where the machine allows; a unit that cannot be quantized or run records why."""
+    workers = max(1, min(len(units), max_workers or os.cpu_count() or 1))
+    labels = {unit: f"mp1.{i + 1}" for i, unit in enumerate(units)}
+
+    def one(unit: PromotionUnit) -> UnitEffect:
+        recipe = promoted_recipe(start, [unit], labels[unit])
+        try:
+            qdq = quantize_recipe(recipe, model, dataset, cache)
+            return UnitEffect(unit, recipe, host_kpis(qdq, dataset, reference, cache, 1 if workers > 1 else 0))
+        except HarnessError as e:
+            return UnitEffect(unit, recipe, error=str(e).splitlines()[0])
+
+    if workers == 1:
+        return [one(u) for u in units]
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mp-host") as pool:
+        return list(pool.map(one, units))
+
+
+def measure_units_on_device(units: list[PromotionUnit], start: QuantRecipe, model: Path, dataset: Dataset,
+                            reference: list[Feed], runner: DeviceRunner, thresholds: Thresholds,
+                            cache: ArtifactCache) -> list[UnitEffect]:
+    """Return each unit promoted alone from start and run on the device's `htp` runtime (the sweep's
+    parallel evaluation: overlapping runs on the HTP simulator, one at a time on a device)."""
+    recipes = [promoted_recipe(start, [unit], f"mp1.{i + 1}") for i, unit in enumerate(units)]
+    candidates, _ = evaluate_all(recipes, model, dataset, reference, runner, thresholds, cache)
+    by_label = {c.recipe.label: c for c in candidates}
+    effects = []
+    for unit, recipe in zip(units, recipes):
+        c = by_label[recipe.label]
+        effects.append(UnitEffect(unit, c.recipe, c.kpis if c.error is None else None,
+                                  c.error.splitlines()[0] if c.error else None, c))
+    return effects
+
+
+def rank_by_effect(effects: list[UnitEffect], start_sqnr_db: float) -> list[PromotionUnit]:
+    """Return the measured units in promotion order: those that helped when promoted alone (best
+    output SQNR first, then cosine, then pre-rank), then those that did not (they may still help
+    together). A unit whose candidate could not be quantized or run is left out."""
+    def helped(e: UnitEffect) -> bool:
+        return e.sqnr_gain_db(start_sqnr_db) >= HELPS_DB
+
+    def key(e: UnitEffect):
+        return (-e.kpis["sqnr_db"], -e.kpis["cosine_similarity"], e.unit.pre_rank)
+
+    runnable = [e for e in effects if e.measured]
+    return ([e.unit for e in sorted((e for e in runnable if helped(e)), key=key)]
+            + [e.unit for e in sorted((e for e in runnable if not helped(e)), key=key)])
+
+
+# ------------------------------------------------------------------------------ the step
+
 def mixed_precision(model: Path, dataset: Dataset, reference: list[Feed], runner: DeviceRunner,
-                    thresholds: Thresholds, cache: ArtifactCache, start: Candidate,
-                    units: list[list[str]]) -> StepReport:
-    """Return the mixed-precision report: which tensors were promoted from start's 8-bit recipe, the
-    KPIs reached and what it cost (model size, simulated run time). artifacts['model'] is the result."""
+                    thresholds: Thresholds, cache: ArtifactCache, start: Candidate, units: list[PromotionUnit],
+                    measure_limit: int = MEASURED_UNITS) -> StepReport:
+    """Return the mixed-precision report: which units were promoted from start's 8-bit recipe, how
+    each candidate unit measured on the host, the KPIs reached on the device and what each promotion
+    count cost (the `pareto` table and chart). artifacts['model'] is the chosen model."""
     if not start.kpis and start.error is None:
         start = evaluate_recipe(start.recipe, model, dataset, reference, runner, thresholds, cache)
     pinned = pinned_tensors(start)
-    units = [u for u in units if not pinned.intersection(u)]
+    units = [u for u in units if not pinned.intersection(u.tensors)]
     budget = thresholds.max_promoted_tensors
-    tried: list[tuple[list[list[str]], Candidate]] = [([], start)]
-    if not start.meets:
-        for count in promotion_schedule(budget, len(units)):
-            chosen = units[:count]
-            overrides = {**start.recipe.tensor_overrides,
-                         **{t: [{"quant_type": PROMOTED_TYPE}] for unit in chosen for t in unit}}
-            recipe = replace(start.recipe, tensor_overrides=overrides, label=f"mp{count}")
-            candidate = evaluate_recipe(recipe, model, dataset, reference, runner, thresholds, cache)
+    fitting = [u for u in units if u.size <= budget]
+    report = StepReport("mixed_precision")
+    report.limits = accuracy_limits(thresholds)
+    tried: list[tuple[list[PromotionUnit], Candidate]] = [([], start)]
+    effects: list[UnitEffect] = []
+    start_host: dict[str, Any] = {}
+    ranked: list[PromotionUnit] = []
+    ranking_runtime = None
+    if not start.meets and start.error is None and fitting:
+        try:
+            start_host = host_kpis(start.model, dataset, reference, cache)
+        except HarnessError as e:  # ranked on the device, where the start did run
+            report.notes.append(f"the host's QDQ emulation could not run the start recipe ({e}); "
+                                "candidates are ranked on the device")
+        if not start_host or all(v.passed for v in check_all(start_host, report.limits)):  # the HTP's own loss
+            ranking_runtime, measure_limit = "htp", min(measure_limit, DEVICE_MEASURED_UNITS)
+            effects = measure_units_on_device(fitting[:measure_limit], start.recipe, model, dataset, reference,
+                                              runner, thresholds, cache)
+            baseline = start.kpis["sqnr_db"]
+        else:
+            ranking_runtime = "host_qdq"
+            effects = measure_units(fitting[:measure_limit], start.recipe, model, dataset, reference, cache)
+            baseline = start_host["sqnr_db"]
+        ranked = rank_by_effect(effects, baseline)
+        measured = {e.unit: e for e in effects}
+        usable = units_within_budget(ranked, budget)
+        for count in promotion_schedule(usable, usable):
+            chosen = ranked[:count]
+            alone = measured[chosen[0]] if count == 1 else None
+            if alone is not None and alone.candidate is not None:
+                candidate = alone.candidate  # already run on the device
+            else:
+                recipe = alone.recipe if alone is not None else promoted_recipe(start.recipe, chosen)
+                candidate = evaluate_recipe(recipe, model, dataset, reference, runner, thresholds, cache)
             tried.append((chosen, candidate))
             if candidate.meets:
                 break
     met = [(u, c) for u, c in tried if c.meets]
     promoted, final = met[0] if met else _best(tried)
-    report = StepReport("mixed_precision")
-    report.tables["steps"] = [_step_row(u, c) for u, c in tried]
-    report.limits = accuracy_limits(thresholds)
+    report.tables["pareto"] = [_pareto_row(u, c) for u, c in tried]
+    baseline_sqnr = start.kpis.get("sqnr_db") if ranking_runtime == "htp" else start_host.get("sqnr_db")
+    report.tables["candidates"] = _candidate_rows(effects, ranked, baseline_sqnr, ranking_runtime)
     if final.error is not None:
         report.failures.append(f"mixed precision could not evaluate any recipe: {final.describe()}")
         return report
     base, k = start.kpis, final.kpis
     report.kpis = {
-        "runtime": "htp", "start_recipe": start.name, "final_recipe": final.name,
-        "promoted": [u[-1] for u in promoted], "promoted_tensors": [t for u in promoted for t in u],
-        "promoted_count": len(promoted), "budget": budget, "met_threshold": final.meets,
-        "start_met_threshold": start.meets,
+        "runtime": "htp", "ranking_runtime": ranking_runtime, "start_recipe": start.name, "final_recipe": final.name,
+        "promoted": [u.label for u in promoted], "promoted_units": [list(u.tensors) for u in promoted],
+        "promoted_tensors": [t for u in promoted for t in u.tensors],
+        "promoted_count": len(promoted), "promoted_tensor_count": sum(u.size for u in promoted),
+        "budget": budget, "budget_counts": "quantized activations",
+        "units_total": len(units), "units_over_budget": len(units) - len(fitting),
+        "units_measured": len(effects), "measure_limit": measure_limit,
+        "met_threshold": final.meets, "start_met_threshold": start.meets,
         "task_metric_name": k["task_metric_name"], "task_metric": k["task_metric"],
         "task_metric_drop": k["task_metric_drop"], "cosine_similarity": k["cosine_similarity"],
         "sqnr_db": k["sqnr_db"], "start_task_metric": base.get("task_metric"),
-        "start_cosine_similarity": base.get("cosine_similarity"),
+        "start_cosine_similarity": base.get("cosine_similarity"), "start_sqnr_db": base.get("sqnr_db"),
+        "start_host_sqnr_db": start_host.get("sqnr_db"),
+        "start_host_cosine_similarity": start_host.get("cosine_similarity"),
         "model_bytes": k["model_bytes"], "model_bytes_start": base.get("model_bytes"),
         "model_bytes_increase_pct": _pct(k["model_bytes"], base.get("model_bytes")),
         "mean_inference_ms": k["mean_inference_ms"], "mean_inference_ms_start": base.get("mean_inference_ms"),
         "inference_time_increase_pct": _pct(k["mean_inference_ms"], base.get("mean_inference_ms")),
         "latency_source": k.get("latency_source"),  # the final candidate's run (RunResult.latency_source)
+        "pareto": [{key: row[key] for key in ("promoted_units", "promoted_tensors", "sqnr_db", "cosine_similarity",
+                                              "model_bytes", "simulated_ms")} for row in report.tables["pareto"]],
     }
+    if effects:
+        where = ("the host's QDQ emulation" if ranking_runtime == "host_qdq" else
+                 "the device's htp runtime (the host's QDQ emulation of the start recipe meets the KPI: "
+                 "the loss is the HTP's own)")
+        report.notes.append(
+            f"ranked {len(effects)} of {len(fitting)} promotion units within the budget by their measured effect "
+            f"on {where}, at most {measure_limit} measured; {len(units) - len(fitting)} unit(s) larger than the "
+            f"budget of {budget}; each promotion count confirmed on the device's htp runtime")
     if not final.meets:
         report.failures.append(
-            f"promoting up to {min(budget, len(units))} of the most sensitive activations to 16 bits "
-            f"(budget {budget}) did not meet the KPI; tried: "
-            + " | ".join(f"{len(u)} promoted {[x[-1] for x in u]}: {c.describe()}" for u, c in tried))
+            f"promoting up to {budget} quantized activations to 16 bits in {len(ranked)} ranked unit(s) did not "
+            f"meet the KPI; tried: " + " | ".join(
+                f"{len(u)} unit(s) {[x.label for x in u]}: {c.describe()}" for u, c in tried))
     report.notes.extend(dataset.warnings)
     report.artifacts["model"] = final.model
+    report.artifacts["pareto_plot"] = _pareto_plot(report.tables["pareto"], thresholds, start.name, cache)
     return report
 
 
-def _best(tried: list[tuple[list[list[str]], Candidate]]) -> tuple[list[list[str]], Candidate]:
+def _best(tried: list[tuple[list[PromotionUnit], Candidate]]) -> tuple[list[PromotionUnit], Candidate]:
     ranked = rank([c for _, c in tried])
     return next((u, c) for u, c in tried if c is ranked[0])
 
@@ -105,5 +320,41 @@ def _pct(value: float | None, start: float | None) -> float | None:
     return 100.0 * (value - start) / start
 
 
-def _step_row(units: list[list[str]], c: Candidate) -> dict:
-    return {"promoted_count": len(units), "promoted": ";".join(u[-1] for u in units), **c.summary()}
+def _pareto_row(units: list[PromotionUnit], c: Candidate) -> dict[str, Any]:
+    k = c.kpis
+    return {"promoted_units": len(units), "promoted_tensors": sum(u.size for u in units),
+            "units": ";".join(u.label for u in units), "cosine_similarity": k.get("cosine_similarity"),
+            "sqnr_db": k.get("sqnr_db"), "task_metric_name": k.get("task_metric_name"),
+            "task_metric": k.get("task_metric"), "model_bytes": k.get("model_bytes"),
+            "simulated_ms": k.get("mean_inference_ms"), "latency_source": k.get("latency_source"),
+            "meets_kpi": c.meets, "recipe": c.name, "error": c.error}
+
+
+def _candidate_rows(effects: list[UnitEffect], ranked: list[PromotionUnit], start_sqnr_db: float | None,
+                    runtime: str | None) -> list[dict[str, Any]]:
+    order = {u: i + 1 for i, u in enumerate(ranked)}
+    rows = []
+    for e in sorted(effects, key=lambda e: order.get(e.unit, len(order) + 1)):
+        k = e.kpis or {}
+        gain = e.sqnr_gain_db(start_sqnr_db) if start_sqnr_db is not None else None
+        rows.append({"rank": order.get(e.unit), "unit": e.unit.label, "pre_rank": e.unit.pre_rank,
+                     "quantized_tensors": e.unit.size, "tensors": ";".join(e.unit.tensors),
+                     "ties": " | ".join(e.unit.ties), "measured_on": runtime, "sqnr_db": k.get("sqnr_db"),
+                     "sqnr_gain_db": gain, "cosine_similarity": k.get("cosine_similarity"),
+                     "task_metric": k.get("task_metric"), "error": e.error})
+    return rows
+
+
+def _pareto_plot(rows: list[dict[str, Any]], thresholds: Thresholds, start_name: str,
+                 cache: ArtifactCache) -> Path:
+    """Write the accuracy-vs-promotions chart, cached by the table's content; return its path."""
+    from harness import charts
+
+    key = content_key("mp-pareto-plot-v1", rows, thresholds.min_sqnr_db, thresholds.min_cosine_similarity, start_name)
+
+    def build(out: Path) -> None:
+        charts.pareto_curve(rows, f"Mixed precision from {start_name}: accuracy vs 16-bit promotions",
+                            out / "pareto.png", min_sqnr_db=thresholds.min_sqnr_db,
+                            min_cosine=thresholds.min_cosine_similarity)
+
+    return cache.entry("mixed_precision_plot", key, build).path / "pareto.png"
