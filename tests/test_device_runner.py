@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from harness.errors import DeviceLostError, RunnerError, TransportError
-from harness.runner.client import RUNNER_SOURCE, latency_source
+from harness.runner.client import RUNNER_SOURCE, HtpRefusedError, latency_source
 from harness.steps.inference import run_host
 from model_builders import conv_classifier, with_unsupported_op
 
@@ -75,8 +75,11 @@ def test_a_device_lost_while_pulling_stays_a_device_loss(sm8650_runner, classifi
 def test_unsupported_op_fails_with_fallback_disabled_and_is_found_with_it(sm8650_runner, tmp_path):
     model = with_unsupported_op(tmp_path / "det.onnx")
     data = [{"x": np.ones((2, 3, 3), np.float32)}]
-    with pytest.raises(RunnerError, match="cannot run on the HTP and CPU fallback is disabled"):
+    with pytest.raises(HtpRefusedError, match=r"det\.onnx: 1 node\(s\) cannot run on the Snapdragon 8 Gen 3 \(v75\) "
+                                              r"HTP: det1 \(Det\).*CPU fallback is disabled") as refused:
         sm8650_runner.run(model, data, "htp")
+    assert [(p.node, p.op_type) for p in refused.value.nodes] == [("det1", "Det")]
+    assert isinstance(refused.value, RunnerError)
     placed = sm8650_runner.run(model, None, "htp", allow_cpu_fallback=True, placement_only=True)
     assert {(p.node, p.ep) for p in placed.placement} >= {("det1", "CPUExecutionProvider")}
 

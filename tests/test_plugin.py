@@ -40,7 +40,10 @@ def test_default_run_onboards_the_zoo_model_and_writes_kpis(run_suites, pytester
     assert all((r["device"], r["soc"], r["model"], r["outcome"]) == ("sm8650-emu", "sm8650", "digits_cnn", "passed")
                for r in records)
     feas, ptq = steps["feasibility"]["kpis"], steps["ptq"]["kpis"]
-    assert feas["nodes_total"] == feas["nodes_on_htp"] == 8 and feas["unsupported_ops"] == []
+    assert feas["nodes_total"] == feas["nodes_on_htp_float"] == 8 and feas["unsupported_ops"] == []
+    # the shipped 8-bit form: the quantizer folds activations into encodings, so those nodes are 'eliminated'
+    assert feas["form_checked"] == "quantized" and feas["htp_fraction"] == feas["htp_fraction_quantized"] == 1.0
+    assert feas["nodes_on_htp"] + feas["nodes_eliminated"] == 8
     assert ptq["runtime"] == "htp" and ptq["task_metric_name"] == "top1_accuracy"
     assert ptq["float_task_metric"] >= 0.95 and ptq["task_metric"] >= ptq["float_task_metric"] - 0.02
     assert ptq["cosine_similarity"] > 0.98 and ptq["sqnr_db"] > 15

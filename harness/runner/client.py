@@ -94,6 +94,27 @@ class NodePlacement:
         return self.ep == HTP_EP
 
 
+class HtpRefusedError(RunnerError):
+    """The HTP refused nodes of a model run with CPU fallback disabled; `nodes` are the refused ones
+    (NodePlacement, as a fallback-allowed session placed them, boundary Q/DQ nodes left out)."""
+
+    def __init__(self, message: str, nodes: list[NodePlacement], **kwargs) -> None:
+        super().__init__(message, **kwargs)
+        self.nodes = nodes
+        self.summary = message  # the message without device, exit code and stderr
+
+    @classmethod
+    def from_report(cls, model: Path, report: dict, transport: Transport, argv: list[str],
+                    rc: int | None) -> "HtpRefusedError":
+        """Return the error for a runner report with `refused_nodes`, naming the refused nodes."""
+        from harness.placement import refusal_message
+
+        cpu = [NodePlacement(**p) for p in report["refused_nodes"]]
+        soc = transport.soc
+        message, refused = refusal_message(Path(model), cpu, f"{soc.name} (v{soc.htp_arch})")
+        return cls(f"{Path(model).name}: {message}", refused, device=transport.device_id, argv=argv, rc=rc)
+
+
 X86_64_MACHINES = frozenset({"x86_64", "amd64", "x64"})
 ARM64_MACHINES = frozenset({"aarch64", "arm64", "aarch64_be", "armv8l", "armv8b"})
 
@@ -258,6 +279,8 @@ class DeviceRunner:
                 report = self._pull_report(f"{job}/out", out_dir, argv, result)
             finally:
                 self.transport.remove(job)
+            if report.get("refused_nodes") is not None:
+                raise HtpRefusedError.from_report(model, report, self.transport, argv, result.rc)
             if report.get("error"):
                 raise RunnerError(f"device runner ({runtime}) on {Path(model).name}: {report['error']}",
                                   device=self.transport.device_id, argv=argv, rc=result.rc)

@@ -10,7 +10,9 @@ Inputs:  --input_list FILE, one line per inference; each line holds space-separa
 Outputs: OUTPUT_DIR/Result_<N>/<output name>.raw (float32), and OUTPUT_DIR/runner_report.json
          with timings, the real per-node execution-provider placement, the output shapes and the
          machine it ran on (`machine`, `system`: platform.machine()/system(); on x86-64 the QNN HTP
-         backend is Qualcomm's simulator, on aarch64/ARM64 the SoC's HTP).
+         backend is Qualcomm's simulator, on aarch64/ARM64 the SoC's HTP). When the HTP refuses a
+         node with CPU fallback disabled, `refused_nodes` lists the nodes [{node, op_type, ep}] a second
+         session, with fallback allowed, leaves off the HTP (the error names them too).
 Timing:  --warmup N untimed runs, then one pass over the input list (its outputs are written), then,
          with --min_iterations/--min_duration, a measurement loop cycling over the inputs until at
          least that many iterations AND that many seconds have run (MLPerf's rule). Every iteration's
@@ -32,7 +34,7 @@ import sys
 import time
 import traceback
 
-RUNNER_VERSION = "2"  # 2: the report names the machine it ran on
+RUNNER_VERSION = "3"  # 2: the report names the machine it ran on; 3: and the nodes the HTP refused
 
 
 class RunnerFailure(Exception):
@@ -167,11 +169,7 @@ def _load_input(np, file, meta):
 
 
 def make_session(ort, args, report):
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    if args.intra_op_threads > 0:
-        so.intra_op_num_threads = args.intra_op_threads
-    so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+    so = _session_options(ort, args)
     if args.runtime == "cpu":
         t0 = time.perf_counter()
         session = ort.InferenceSession(args.model, so, providers=["CPUExecutionProvider"])
@@ -212,9 +210,32 @@ def make_session(ort, args, report):
     except Exception as e:
         msg = str(e)
         if "fallback to CPU EP has been explicitly disabled" in msg:
-            raise RunnerFailure("some nodes cannot run on the HTP and CPU fallback is disabled; "
-                                "run the feasibility step to see which", 3)
+            report["refused_nodes"] = off_htp_nodes(ort, args, devices, options)
+            named = "; ".join(f"{n['node']} ({n['op_type']})" for n in report["refused_nodes"][:20])
+            raise RunnerFailure("some nodes cannot run on the HTP and CPU fallback is disabled; with fallback "
+                                f"allowed the CPU would run {len(report['refused_nodes'])} node(s): "
+                                f"{named or 'none reported'}; run the feasibility step for the full placement", 3)
         raise
+
+
+def _session_options(ort, args):
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if args.intra_op_threads > 0:
+        so.intra_op_num_threads = args.intra_op_threads
+    so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+    return so
+
+
+def off_htp_nodes(ort, args, devices, options):
+    """Return the nodes a session with CPU fallback allowed leaves off the HTP ([] if it fails too)."""
+    so = _session_options(ort, args)
+    so.add_provider_for_devices(devices, {k: v for k, v in options.items() if not k.startswith("profiling")})
+    try:
+        session = ort.InferenceSession(args.model, so)
+    except Exception:
+        return []
+    return [row for row in placement(session) if row["ep"] != "QNNExecutionProvider"]
 
 
 def placement(session):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -12,10 +13,16 @@ import onnx
 from harness.devices import SocSpec
 from harness.kpi import Limit
 from harness.models import Thresholds
-from harness.runner.client import DeviceRunner, NodePlacement
+from harness.errors import DeviceLostError, DeviceTimeoutError, RunnerError
+from harness.placement import QDQ_OPS, refused_nodes
+from harness.qnn_ops import (CONTROL_FLOW_OPS, QNN_EP_OPS_SOURCE, REMOVED_BEFORE_PLACEMENT, GraphNode,
+                             outside_qnn_ep, walk_nodes)
+from harness.runner.client import DeviceRunner, HtpRefusedError, NodePlacement
 from harness.steps.report import StepReport
 
 _TOKEN_SUFFIX = re.compile(r"^(?P<base>.+?)(_token_\d+)+$")
+_RUNNER_PREFIX = re.compile(r"^(\[[^\]]*\] )?device runner \(\w+\) on [^:]+: ")  # RunnerError's framing
+_EXIT_SUFFIX = re.compile(r" \(exit code -?\d+\)$")
 
 
 def _elem_bytes(elem_type: int) -> int:
@@ -71,6 +78,7 @@ def map_placement(model: onnx.ModelProto, placement: list[NodePlacement]) -> lis
 
 
 FIRST_FP16_HTP_ARCH = 69  # HTP v68 has no FP16: float graphs cannot be placed on it as they are
+FORM_LABELS = {"float": "float graph (FP16 on the HTP)", "quantized": "8-bit QDQ form that PTQ produces"}
 
 
 def needs_quantized_placement(soc: SocSpec) -> bool:
@@ -78,33 +86,143 @@ def needs_quantized_placement(soc: SocSpec) -> bool:
     return soc.htp_arch < FIRST_FP16_HTP_ARCH
 
 
-def check_feasibility(model_path: Path, soc: SocSpec, runner: DeviceRunner, thresholds: Thresholds,
-                      placement_model: Path | None = None) -> StepReport:
-    """Return the feasibility report of a shape-fixed float model on the device's HTP.
+@dataclass
+class FormPlacement:
+    """The placement of one form of the model (float or quantized) on the device's HTP."""
 
-    Placement comes from a real QNN EP session on the device (CPU fallback allowed, so every
-    unsupported node is found in one pass), on placement_model when given (an 8-bit QDQ form of
-    the same graph, for HTPs without FP16), else on the float model.
+    form: str  # 'float' | 'quantized'
+    rows: list[dict] = field(default_factory=list)  # per node of the float graph (+ refused Q/DQ nodes)
+    session_error: str | None = None  # onnxruntime refused to build a session even with fallback allowed
+    outside: list[GraphNode] = field(default_factory=list)  # then: nodes whose op type the QNN EP lacks
+    boundary_qdq_on_cpu: int = 0  # Q/DQ nodes at inputs/outputs on the CPU with fallback allowed (not counted)
+    boundary_qdq_checked: bool = False  # a fallback-disabled session confirmed they run on the HTP
+
+    @property
+    def unsupported(self) -> list[dict]:
+        """Rows of the nodes that would not run on the HTP."""
+        if self.session_error is not None:
+            rows = [{"node": n.node, "op_type": n.op_type, "placement": "no session", "graph": n.graph}
+                    for n in self.outside]
+        else:
+            rows = [r for r in self.rows if r["placement"] in ("CPU", "HTP+CPU")]
+        return sorted(rows, key=lambda r: r["op_type"] not in CONTROL_FLOW_OPS)  # control flow first: the cause
+
+    @property
+    def on_htp(self) -> int:
+        """Nodes the HTP runs."""
+        return sum(r["placement"] == "HTP" for r in self.rows)
+
+    @property
+    def placed(self) -> int:
+        """Nodes placed on an EP (not removed by graph optimisation)."""
+        return sum(r["placement"] not in ("eliminated",) for r in self.rows)
+
+    @property
+    def htp_fraction(self) -> float:
+        """Share of the placed nodes the HTP runs (0 when no session could be built)."""
+        return self.on_htp / self.placed if self.placed else 0.0
+
+    def describe(self, limit: int = 30) -> str:
+        """Return 'node (Op); ...' of the unsupported nodes (at most limit)."""
+        rows = self.unsupported
+        text = "; ".join(f"{r['node']} ({r['op_type']})" + (f" in {r['graph']}" if r.get("graph") else "")
+                         for r in rows[:limit])
+        return text + (f"; and {len(rows) - limit} more" if len(rows) > limit else "")
+
+
+def place_form(form: str, model_path: Path, float_model: onnx.ModelProto, runner: DeviceRunner) -> FormPlacement:
+    """Return the real placement of model_path (the float graph, or its QDQ form) on the device's HTP,
+    CPU fallback allowed, mapped onto float_model's nodes; when onnxruntime builds no session, the
+    nodes (graph and subgraphs) whose op type the QNN EP has no builder for."""
+    try:
+        run = runner.run(model_path, None, "htp", allow_cpu_fallback=True, placement_only=True)
+    except (DeviceLostError, DeviceTimeoutError):
+        raise
+    except RunnerError as e:
+        source = onnx.load(str(model_path), load_external_data=False)
+        said = _RUNNER_PREFIX.sub("", str(e).splitlines()[0])
+        return FormPlacement(form, session_error=_EXIT_SUFFIX.sub("", said), outside=outside_qnn_ep(source))
+    placement = FormPlacement(form, rows=map_placement(float_model, run.placement))
+    if form == "quantized":
+        _add_quantized_nodes(placement, model_path, run.placement, runner)
+    return placement
+
+
+def _add_quantized_nodes(placement: FormPlacement, qdq_path: Path, placed: list[NodePlacement],
+                         runner: DeviceRunner) -> None:
+    """Add the QDQ form's own Q/DQ nodes that left the HTP; Q/DQ nodes at the graph's inputs/outputs
+    are not counted (fallback-allowed sessions put them on the CPU; PTQ's fallback-disabled session
+    runs them on the HTP, which a second session confirms when nothing else left the HTP)."""
+    qdq = onnx.load(str(qdq_path), load_external_data=False)
+    known = {r["node"] for r in placement.rows}
+    cpu_qdq = [p for p in placed if p.op_type in QDQ_OPS and not p.on_htp and p.node not in known]
+    refused = refused_nodes(qdq, cpu_qdq)
+    placement.boundary_qdq_on_cpu = len(cpu_qdq) - len(refused)
+    if cpu_qdq and not refused and not placement.unsupported:
+        try:
+            runner.run(qdq_path, None, "htp", placement_only=True)  # CPU fallback disabled, as PTQ runs it
+            placement.boundary_qdq_checked = True
+        except HtpRefusedError as e:  # the HTP refuses them after all: count them
+            refused = list(e.nodes) or cpu_qdq
+            placement.boundary_qdq_on_cpu = 0
+        except (DeviceLostError, DeviceTimeoutError):
+            raise
+        except RunnerError:  # no fallback-disabled session at all: they are what kept it from loading
+            refused, placement.boundary_qdq_on_cpu = cpu_qdq, 0
+    # Q/DQ nodes beside a node that left the HTP follow it to the CPU: listed, but the op to act on is that node
+    where = "CPU (beside a CPU node)" if placement.unsupported else "CPU"
+    placement.rows.extend({"node": p.node, "op_type": p.op_type, "placement": where} for p in refused)
+
+
+def check_feasibility(model_path: Path, soc: SocSpec, runner: DeviceRunner, thresholds: Thresholds,
+                      quantized_model: Path | None = None) -> StepReport:
+    """Return the feasibility report of the model that ships on the device's HTP.
+
+    model_path is the (converted) float model; quantized_model its 8-bit QDQ form as PTQ builds it.
+    Both are placed by a real QNN EP session on the device with CPU fallback allowed (so every
+    unsupported node is found in one pass): the float graph where the HTP has FP16 (v69 and later),
+    the QDQ form always. The step fails naming every node and op type the quantized form (the one
+    that ships; the float graph when no QDQ form could be built) would not run on the HTP, or, when
+    onnxruntime builds no session, every op type outside the QNN EP's set, graph and subgraphs.
     """
     model = onnx.load(str(model_path))
-    run = runner.run(placement_model or model_path, None, "htp", allow_cpu_fallback=True, placement_only=True)
-    rows = map_placement(model, run.placement)
-    unsupported = [r for r in rows if r["placement"] in ("CPU", "HTP+CPU")]
-    on_htp = sum(r["placement"] == "HTP" for r in rows)
-    counted = sum(r["placement"] != "eliminated" for r in rows)
+    forms: dict[str, FormPlacement] = {}
+    if not needs_quantized_placement(soc):
+        forms["float"] = place_form("float", model_path, model, runner)
+    if quantized_model is not None:
+        forms["quantized"] = place_form("quantized", quantized_model, model, runner)
+    report = StepReport("feasibility")
+    if not forms:
+        report.failures.append(f"the {soc.name} HTP (v{soc.htp_arch}) has no FP16 and no 8-bit QDQ form of the "
+                               "model could be built: op placement could not be checked")
+        return report
+    ships = forms.get("quantized") or forms["float"]
+    rows = ships.rows
     act_name, act_bytes = largest_activation(model)
     w_bytes = weights_bytes(model)
     elem = max((_elem_bytes(v.type.tensor_type.elem_type) for v in model.graph.input), default=4)
     act_bytes_int8 = act_bytes // elem
-    report = StepReport("feasibility")
+    unsupported = ships.unsupported
     report.kpis = {
-        "nodes_total": len(rows),
-        "nodes_on_htp": on_htp,
-        "nodes_eliminated": len(rows) - counted,
-        "htp_fraction": on_htp / counted if counted else 0.0,
+        "nodes_total": len(model.graph.node),
+        "form_checked": ships.form,
+        "nodes_on_htp": ships.on_htp,
+        "nodes_eliminated": sum(r["placement"] == "eliminated" for r in rows),
+        "htp_fraction": ships.htp_fraction,
         "unsupported_ops": sorted({r["op_type"] for r in unsupported}),
         "unsupported_nodes": [r["node"] for r in unsupported],
-        "op_histogram": dict(Counter(r["op_type"] for r in rows).most_common()),
+    }
+    for form, placement in forms.items():
+        report.kpis.update({f"nodes_on_htp_{form}": placement.on_htp, f"htp_fraction_{form}": placement.htp_fraction,
+                            f"unsupported_ops_{form}": sorted({r["op_type"] for r in placement.unsupported})})
+        if placement.session_error is not None:
+            report.kpis[f"session_error_{form}"] = placement.session_error
+    if "quantized" in forms:
+        report.kpis["boundary_qdq_on_cpu"] = forms["quantized"].boundary_qdq_on_cpu
+        report.kpis["qdq_nodes_beside_cpu_nodes"] = sum(r["placement"] == "CPU (beside a CPU node)"
+                                                         for r in forms["quantized"].rows)
+    report.kpis.update({
+        "op_histogram": dict(Counter(n.op_type for n in model.graph.node).most_common()),
         "largest_activation": act_name,
         "largest_activation_bytes": act_bytes,
         "largest_activation_bytes_int8": act_bytes_int8,
@@ -113,19 +231,71 @@ def check_feasibility(model_path: Path, soc: SocSpec, runner: DeviceRunner, thre
         "vtcm_bytes": soc.vtcm_bytes,
         "fits_vtcm": act_bytes_int8 <= soc.vtcm_bytes,
         "static_shapes": True,
-    }
+    })
     report.limits = [Limit("htp_fraction", minimum=thresholds.min_htp_fraction, marginal=0.0),
                      Limit("memory_footprint_bytes", maximum=thresholds.memory_budget_mb * 1024 * 1024)]
     report.tables["op_placement"] = rows
-    if unsupported:
-        report.failures.append(
-            f"{len(unsupported)} node(s) cannot run on the {soc.name} HTP (v{soc.htp_arch}): " +
-            "; ".join(f"{r['node']} ({r['op_type']})" for r in unsupported) +
-            ". Replace these ops, or package them as custom ops (qnn-op-package-generator).")
-    if placement_model is not None:
-        report.notes.append(f"the {soc.name} HTP (v{soc.htp_arch}) has no FP16: op placement was checked on an "
-                            "8-bit QDQ form of the model")
+    report.tables["placement_by_form"] = [
+        {"form": p.form, "checked_on": FORM_LABELS[p.form], "nodes_on_htp": p.on_htp, "nodes_placed": p.placed,
+         "htp_fraction": round(p.htp_fraction, 4),
+         "unsupported_ops": " ".join(sorted({r["op_type"] for r in p.unsupported})),
+         "session_error": p.session_error or ""} for p in forms.values()]
+    if "float" in forms and ships is not forms["float"]:
+        report.tables["op_placement_float"] = forms["float"].rows
+    _explain(report, model, forms, ships, soc)
     if act_bytes_int8 > soc.vtcm_bytes:
         report.notes.append(f"largest activation '{act_name}' is {act_bytes_int8 / 2**20:.1f} MiB at 8 bits, "
                             f"more than the {soc.vtcm_mb:g} MiB VTCM: expect tiling and DDR traffic")
     return report
+
+
+def _bodies(model: onnx.ModelProto, ships: FormPlacement) -> str:
+    """Return ' (If_25 holds 150 nodes: Conv, LSTM, ...)' for the control-flow nodes that stay off the HTP."""
+    names = {r["node"] for r in ships.unsupported if r["op_type"] in CONTROL_FLOW_OPS}
+    parts = []
+    for node in model.graph.node:
+        if node.name in names:
+            inner = [n for a in node.attribute if a.type == onnx.AttributeProto.GRAPH for n in walk_nodes(a.g)]
+            ops = sorted({n.op_type for n in inner} - REMOVED_BEFORE_PLACEMENT)
+            parts.append(f"{node.name} holds {len(inner)} node(s): {', '.join(ops) or 'none'}")
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
+def _explain(report: StepReport, model: onnx.ModelProto, forms: dict[str, FormPlacement], ships: FormPlacement,
+             soc: SocSpec) -> None:
+    """Record the failure naming what would not run, and notes on the other form and boundary Q/DQ."""
+    htp = f"the {soc.name} HTP (v{soc.htp_arch})"
+    checked = FORM_LABELS[ships.form]
+    if ships.session_error is not None:
+        ops = sorted({n.op_type for n in ships.outside})
+        report.failures.append(
+            f"onnxruntime could not build a session for the {checked} on {htp}, even with CPU fallback "
+            f"allowed ({ships.session_error}); op types outside the QNN EP's supported set ({QNN_EP_OPS_SOURCE}), "
+            f"graph and subgraphs: {', '.join(ops) or 'none'}: {ships.describe()}")
+    elif ships.unsupported:
+        report.failures.append(
+            f"{len(ships.unsupported)} node(s) cannot run on {htp}: {ships.describe()} (checked on the {checked}). "
+            "Replace these ops (the conversion step's layer replacements), or package them as custom ops "
+            "(qnn-op-package-generator).")
+    control = sorted({r["op_type"] for r in ships.unsupported} & CONTROL_FLOW_OPS)
+    if control:
+        report.failures.append(
+            f"{'/'.join(control)} (control flow) stays off this HTP{_bodies(model, ships)}; the other nodes "
+            "listed may be refused only with it (on HTP v68 the QNN EP left all of hey_jarvis's nodes to the CPU "
+            "with its If, none without): when the "
+            "condition depends on an input "
+            "that is constant in deployment, freeze it (--freeze-input NAME=VALUE) so conversion folds the branch "
+            "away; otherwise run the branches as separate models and choose between them in the application")
+    other = forms.get("float")
+    if other is not None and other is not ships and other.unsupported and not ships.unsupported:
+        report.notes.append(f"the float graph would not run wholly on {htp} in FP16 ({other.describe(10)}); "
+                            "the 8-bit QDQ form is what ships, and it was checked")
+    if needs_quantized_placement(soc):
+        report.notes.append(f"{htp} has no FP16: op placement was checked on an 8-bit QDQ form of the model")
+    quantized = forms.get("quantized")
+    if quantized is not None and quantized.boundary_qdq_on_cpu:
+        how = ("a session with CPU fallback disabled, as PTQ runs, confirmed the HTP runs them"
+               if quantized.boundary_qdq_checked else
+               "with CPU fallback disabled, as PTQ runs, the HTP runs them (observed with onnxruntime-qnn 2.7.0)")
+        report.notes.append(f"{quantized.boundary_qdq_on_cpu} Q/DQ node(s) at the graph's inputs/outputs land on "
+                            f"the CPU when fallback is allowed and are not counted: {how}")

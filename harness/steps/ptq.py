@@ -15,7 +15,7 @@ from harness.errors import StepError
 from harness.kpi import Limit
 from harness.metrics import cosine_similarity, mean_abs_error, sqnr_db
 from harness.models import Thresholds
-from harness.runner.client import DeviceRunner
+from harness.runner.client import DeviceRunner, HtpRefusedError
 from harness.steps.inference import stacked, task_metric
 from harness.steps.report import StepReport
 
@@ -113,7 +113,10 @@ def compare_quantized(outputs: list[Feed], reference: list[Feed], dataset: Datas
 def ptq(qdq_model: Path, recipe: QuantRecipe, dataset: Dataset, reference: list[Feed], runner: DeviceRunner,
         thresholds: Thresholds) -> StepReport:
     """Return the PTQ report: the QDQ model on the device's `htp` runtime against the float reference."""
-    run = runner.run(qdq_model, dataset.evaluation, "htp")
+    try:
+        run = runner.run(qdq_model, dataset.evaluation, "htp")
+    except HtpRefusedError as e:  # name the refused nodes, not the runner's exit code
+        raise StepError(f"the quantized model {e.summary}") from None
     report = StepReport("ptq")
     float_metric = task_metric(reference, dataset, reference)
     report.kpis = {"runtime": "htp", "recipe": recipe.name, "samples": len(run.outputs),

@@ -30,7 +30,7 @@ from harness.data import Dataset, Feed, feeds_digest
 from harness.errors import HarnessError, StepError
 from harness.kpi import Limit, check_all
 from harness.models import Thresholds
-from harness.runner.client import DeviceRunner
+from harness.runner.client import DeviceRunner, HtpRefusedError
 from harness.runner.device_runner import RUNNER_VERSION
 from harness.steps.inference import task_metric
 from harness.steps.ptq import QuantRecipe, compare_quantized, quantize
@@ -153,7 +153,10 @@ def _candidate_kpis(model: Path, recipe: QuantRecipe, dataset: Dataset, referenc
         with push_lock or contextlib.nullcontext():
             runner.push_model(model)
         with device_lock or contextlib.nullcontext():
-            run = runner.run(model, dataset.evaluation, "htp")
+            try:
+                run = runner.run(model, dataset.evaluation, "htp")
+            except HtpRefusedError as e:  # name the refused nodes, not the runner's exit code
+                raise StepError(f"{recipe.name}: {e.summary}") from None
         float_metric = task_metric(reference, dataset, reference)
         kpis = {"recipe": recipe.name, **compare_quantized(run.outputs, reference, dataset, float_metric),
                 "model_bytes": model.stat().st_size,
