@@ -289,7 +289,16 @@ def _load_spec_file(path: Path, input_shapes: dict[str, tuple[int, ...]], calib_
     calib = calib_data or ((path.parent / spec.calib_data).resolve() if spec.calib_data else None)
     return ModelSpec(name=spec.name or _name_from_path(model_path), source=str(model_path), path=model_path,
                      input_shapes=shapes, calib_data=calib, thresholds=spec.thresholds,
-                     freeze_inputs={**spec.freeze_inputs, **freeze_inputs}, rewrites=tuple(spec.rewrites))
+                     freeze_inputs={**spec.freeze_inputs, **freeze_inputs},
+                     rewrites=tuple(_spec_relative_rewrite(r, path.parent) for r in spec.rewrites))
+
+
+def _spec_relative_rewrite(reference: str, spec_dir: Path) -> str:
+    """Return a 'file.py:fn' rewrite reference with the file resolved against the spec's folder."""
+    target, sep, attr = reference.rpartition(":")
+    if sep and target.endswith(".py") and not Path(target).expanduser().is_absolute():
+        return f"{(spec_dir / target).resolve()}:{attr}"
+    return reference
 
 
 def load_onnx(path: Path) -> "onnx.ModelProto":
@@ -322,9 +331,15 @@ def graph_inputs(model: "onnx.ModelProto") -> "list[onnx.ValueInfoProto]":
 def fix_input_shapes(model: "onnx.ModelProto", shapes: dict[str, tuple[int, ...]], source: str) -> "onnx.ModelProto":
     """Return a copy of model with every input dim fixed (by position) and shapes re-inferred.
 
-    Raises ModelError naming the input and dim that is still dynamic, or a shape of the wrong rank.
+    A dim is dynamic when it has a dim_param, no value, or a value <= 0 (Paddle writes -1); each is
+    fixed at its own position (exports reuse one dim_param such as '?' for different dims). Stale
+    shape information is removed from the graph and its subgraphs (If/Loop/Scan bodies) before
+    inference. Raises ModelError naming the input and dim that is still dynamic, a shape of the wrong
+    rank, a fixed dim that --input-shape contradicts, or shape inference's own error.
     """
     import onnx
+
+    from harness.convert.shapes import dims_text, infer_shapes, is_dynamic
 
     fixed = onnx.ModelProto()
     fixed.CopyFrom(model)
@@ -338,29 +353,26 @@ def fix_input_shapes(model: "onnx.ModelProto", shapes: dict[str, tuple[int, ...]
         if inp.name in shapes:
             want = shapes[inp.name]
             if len(want) != len(dims):
-                raise ModelError(f"{source}: input '{inp.name}' has rank {len(dims)}, "
-                                 f"--input-shape gives {len(want)} dims {list(want)}")
+                raise ModelError(f"{source}: input '{inp.name}' has rank {len(dims)}, --input-shape gives "
+                                 f"{len(want)} dims {list(want)} (its dims: {dims_text(dims)})")
+            clash = [pos for pos, (d, value) in enumerate(zip(dims, want))
+                     if not is_dynamic(d) and d.dim_value != value]
+            if clash:
+                raise ModelError(f"{source}: input '{inp.name}' has fixed dims {dims_text(dims)}, --input-shape "
+                                 f"gives {list(want)} (dim {', '.join(map(str, clash))} differs; only dynamic "
+                                 "dims can be set)")
             for d, value in zip(dims, want):
-                if d.HasField("dim_value") and d.dim_value != value:
-                    raise ModelError(f"{source}: input '{inp.name}' has fixed dims "
-                                     f"{[x.dim_value or x.dim_param for x in dims]}, --input-shape gives {list(want)}")
                 d.Clear()
                 d.dim_value = value
-        dynamic = [(pos, d.dim_param) for pos, d in enumerate(dims)
-                   if not d.HasField("dim_value") or d.dim_value <= 0]
+        dynamic = [(pos, d) for pos, d in enumerate(dims) if is_dynamic(d)]
         if dynamic:
-            which = ", ".join(f"{pos} ('{param}')" if param else f"{pos}" for pos, param in dynamic)
-            example = ",".join(str(x.dim_value) if x.HasField("dim_value") and x.dim_value > 0 else "N"
-                               for x in dims)
+            which = ", ".join(f"{pos} ('{d.dim_param}')" if d.dim_param else
+                              f"{pos} ({d.dim_value if d.HasField('dim_value') else 'unset'})" for pos, d in dynamic)
+            example = ",".join("N" if is_dynamic(x) else str(x.dim_value) for x in dims)
             raise ModelError(f"{source}: input '{inp.name}' has dynamic dim(s) {which}; the HTP needs static "
                              f"shapes: pass --input-shape {inp.name}={example} with N replaced by sizes")
-    del fixed.graph.value_info[:]
-    for out in fixed.graph.output:
-        for d in out.type.tensor_type.shape.dim:
-            if not d.HasField("dim_value"):
-                d.Clear()
     try:
-        return onnx.shape_inference.infer_shapes(fixed, strict_mode=True, data_prop=True)
+        return infer_shapes(fixed)
     except Exception as e:
         raise ModelError(f"{source}: shape inference failed after fixing input shapes: "
                          f"{str(e).strip().splitlines()[0]}") from None

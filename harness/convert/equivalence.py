@@ -1,0 +1,147 @@
+"""Equivalence of a transformed model with its source: same outputs on the same deterministic inputs.
+
+Every conversion transform is checked with this module: the transformed model must load in
+onnxruntime (CPU, graph optimisations off, so that onnxruntime's own rewrites do not hide ours) and
+give the source model's outputs within float32-reordering tolerances, relative to each output's
+magnitude (folding a BatchNormalization into a Conv moves results by ~1e-7 of their scale).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from harness.data import Feed
+from harness.metrics import cosine_similarity
+
+RTOL = 1e-3  # of the output's largest magnitude
+ATOL = 1e-5
+MIN_COSINE = 0.9999
+
+
+class RunFailed(Exception):
+    """onnxruntime could not load or run a model; the message is onnxruntime's first line."""
+
+
+@dataclass(frozen=True)
+class Equivalence:
+    """How close a model's outputs are to the source's: the worst output's figures."""
+
+    max_abs_diff: float
+    cosine: float
+    worst_output: str
+    tolerance: float
+    error: str = ""  # why the model could not be compared (does not load, missing output, NaNs moved)
+    cosine_required: bool = True  # False when the output is ~0 everywhere (its cosine means nothing)
+
+    @property
+    def passed(self) -> bool:
+        """True when the model ran and every output is within tolerance."""
+        return (not self.error and self.max_abs_diff <= self.tolerance
+                and (self.cosine >= MIN_COSINE or not self.cosine_required))
+
+    def __str__(self) -> str:
+        if self.error:
+            return self.error
+        return (f"output '{self.worst_output}': max |diff| {self.max_abs_diff:.3g} (tolerance {self.tolerance:.3g}), "
+                f"cosine {self.cosine:.6f} (at least {MIN_COSINE})")
+
+
+def _np_dtype(elem_type: int) -> np.dtype:
+    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+
+
+def check_feeds(model: onnx.ModelProto, seed_text: str, count: int = 2) -> list[Feed]:
+    """Return `count` deterministic feeds for the (shape-fixed) model's inputs: floats uniform in
+    [0, 1) then standard normal, integers in {0, 1}, booleans at random."""
+    seed = int.from_bytes(hashlib.sha256(seed_text.encode()).digest()[:8], "little")
+    rng = np.random.default_rng(seed)
+    inits = {i.name for i in model.graph.initializer}
+    feeds = []
+    for k in range(count):
+        feed = {}
+        for inp in model.graph.input:
+            if inp.name in inits:
+                continue
+            tt = inp.type.tensor_type
+            shape = tuple(d.dim_value for d in tt.shape.dim)
+            dtype = _np_dtype(tt.elem_type)
+            if dtype.kind == "f":
+                value = rng.random(shape) if k % 2 == 0 else rng.standard_normal(shape)
+            elif dtype.kind == "b":
+                value = rng.random(shape) < 0.5
+            else:
+                value = rng.integers(0, 2, shape)
+            feed[inp.name] = np.asarray(value).astype(dtype)
+        feeds.append(feed)
+    return feeds
+
+
+def run(model: onnx.ModelProto, feeds: list[Feed], extra_outputs: tuple[str, ...] = ()) -> list[dict[str, np.ndarray]]:
+    """Return the model's outputs by name for each feed (onnxruntime CPU, optimisations off);
+    extra_outputs (intermediate tensors with inferred types) are returned too. Raises RunFailed."""
+    import onnxruntime as ort
+
+    if extra_outputs:
+        model = _with_outputs(model, extra_outputs)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.log_severity_level = 3
+    try:
+        session = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        names = [o.name for o in session.get_outputs()]
+        wanted = {i.name for i in session.get_inputs()}
+        return [dict(zip(names, session.run(None, {k: v for k, v in feed.items() if k in wanted})))
+                for feed in feeds]
+    except Exception as e:  # onnxruntime raises its own exception types
+        raise RunFailed(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__) from None
+
+
+def _with_outputs(model: onnx.ModelProto, names: tuple[str, ...]) -> onnx.ModelProto:
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    known = {v.name: v for v in [*copy.graph.value_info, *copy.graph.input, *copy.graph.output]}
+    present = {o.name for o in copy.graph.output}
+    for name in names:
+        if name in present:
+            continue
+        if name in known:
+            copy.graph.output.append(known[name])
+        else:
+            copy.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+    return copy
+
+
+def compare(reference: list[dict[str, np.ndarray]], outputs: list[dict[str, np.ndarray]]) -> Equivalence:
+    """Return the worst output's difference from the reference over all feeds."""
+    worst = Equivalence(0.0, 1.0, "", ATOL)
+    margin = -1.0
+    for ref_feed, out_feed in zip(reference, outputs):
+        for name, ref in ref_feed.items():
+            if name not in out_feed:
+                return Equivalence(float("inf"), 0.0, name, 0.0, f"output '{name}' is missing")
+            ref64 = np.asarray(ref, dtype=np.float64)
+            out64 = np.asarray(out_feed[name], dtype=np.float64)
+            if ref64.shape != out64.shape:
+                return Equivalence(float("inf"), 0.0, name, 0.0,
+                                   f"output '{name}' has shape {list(out64.shape)}, the source's {list(ref64.shape)}")
+            bad_ref, bad_out = ~np.isfinite(ref64), ~np.isfinite(out64)
+            if not np.array_equal(bad_ref, bad_out) or not np.array_equal(ref64[bad_ref], out64[bad_out],
+                                                                          equal_nan=True):
+                return Equivalence(float("inf"), 0.0, name, 0.0,
+                                   f"output '{name}': NaN/inf elements differ from the source's "
+                                   f"({int(bad_ref.sum())} in the source, {int(bad_out.sum())} here)")
+            ok = ~bad_ref
+            a, b = ref64[ok], out64[ok]
+            diff = float(np.max(np.abs(a - b))) if a.size else 0.0
+            tol = ATOL + RTOL * (float(np.max(np.abs(a))) if a.size else 0.0)
+            meaningful = tol > 10 * ATOL  # the output is not ~0 everywhere
+            # the cosine of an output that is ~0 everywhere measures float32 rounding, not a change
+            cos = cosine_similarity(a, b) if meaningful or diff > tol else 1.0
+            score = max(diff / tol, (1 - cos) / (1 - MIN_COSINE) if meaningful else 0.0)
+            if score > margin:
+                margin, worst = score, Equivalence(diff, cos, name, tol, cosine_required=meaningful)
+    return worst
