@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -126,10 +126,30 @@ def load_calibration_dir(directory: Path, infos: list[InputInfo]) -> list[Feed]:
     return feeds
 
 
+DESCRIPTION_FILE = "description.txt"  # optional, in a calibration directory: what its samples are
+
+
 def user_dataset(calib_dir: Path, infos: list[InputInfo], n_eval: int = 16) -> Dataset:
-    """Return calibration feeds from calib_dir and evaluate on (up to n_eval of) the same samples."""
+    """Return calibration feeds from calib_dir and evaluate on (up to n_eval of) the same samples.
+
+    The description names the directory and, when it holds a description.txt, what the samples are.
+    """
     feeds = load_calibration_dir(calib_dir, infos)
+    about = Path(calib_dir) / DESCRIPTION_FILE
+    what = f": {about.read_text().strip()}" if about.is_file() else ""
     return Dataset(feeds, feeds[:n_eval], None,
-                   description=f"{len(feeds)} samples from {calib_dir}",
+                   description=f"{len(feeds)} samples from {calib_dir}{what}",
                    warnings=["no labels: task KPIs are agreement with the float model, "
                              "evaluated on the calibration samples"])
+
+
+def with_evaluation_count(dataset: Dataset, count: int, reason: str) -> Dataset:
+    """Return dataset evaluating on its first `count` evaluation samples (labels cut to match), the
+    count and reason appended to its description; the dataset itself when count keeps them all."""
+    if count >= len(dataset.evaluation):
+        return replace(dataset, description=f"{dataset.description}; evaluated on all "
+                                            f"{len(dataset.evaluation)} evaluation samples ({reason})")
+    labels = None if dataset.labels is None else dataset.labels[:count]
+    return replace(dataset, evaluation=dataset.evaluation[:count], labels=labels,
+                   description=f"{dataset.description}; evaluated on {count} of {len(dataset.evaluation)} "
+                               f"evaluation samples ({reason})")

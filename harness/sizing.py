@@ -1,0 +1,93 @@
+"""How many evaluation samples a model gets, from its measured cost on the device's HTP, and how
+many calibration samples fit in memory.
+
+Every accuracy step runs the evaluation set on the HTP (PTQ, each sweep candidate, each mixed-
+precision step, runtime), and on the HTP simulator a real model takes from milliseconds to
+seconds per inference. So the pipeline times one inference of the default 8-bit model on the
+device (cached per model, data and device, so a re-run picks the same count and reuses its
+artifacts) and evaluates on as many samples as fit in EVAL_BUDGET_S per pass, at least
+MIN_EVAL_SAMPLES. Labelled data sets (the zoo's) are never cut: their task metric needs them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from harness.cache import ArtifactCache, content_key
+from harness.data import Feed, feeds_digest
+from harness.runner.client import DeviceRunner
+from harness.runner.device_runner import RUNNER_VERSION
+
+EVAL_BUDGET_S = 8.0  # device time for one pass over the evaluation samples
+MIN_EVAL_SAMPLES = 2
+# onnxruntime's calibrators keep every intermediate tensor of every calibration sample in memory
+# before computing ranges (the histogram ones always; MinMax by default), and the sweep runs two
+# calibrations at once: calibration samples are capped so that one calibration holds at most this.
+CALIB_MEMORY_BUDGET_BYTES = 4 * 2**30
+
+
+@dataclass(frozen=True)
+class InferenceCost:
+    """One timed HTP inference of a model on a device."""
+
+    inference_s: float
+    load_s: float
+    latency_source: str
+    cached: bool = False
+
+
+def measure_inference(model: Path, feed: Feed, runner: DeviceRunner, cache: ArtifactCache) -> InferenceCost:
+    """Return the time of one `htp` inference of model on feed on the runner's device (cached)."""
+    device = runner.transport.device
+    key = content_key("htp-cost-v1", model, feeds_digest([feed]), device.id, runner.transport.soc.id, RUNNER_VERSION)
+
+    def build(out: Path) -> None:
+        run = runner.run(model, [feed], "htp")
+        record = {"inference_s": float(run.inference_s[0]) if run.inference_s else 0.0, "load_s": run.load_s,
+                  "latency_source": run.latency_source}
+        (out / "cost.json").write_text(json.dumps(record))
+
+    entry = cache.entry("htp_cost", key, build)
+    return InferenceCost(**json.loads((entry.path / "cost.json").read_text()), cached=entry.hit)
+
+
+def evaluation_count(cost_s: float, available: int, budget_s: float = EVAL_BUDGET_S,
+                     minimum: int = MIN_EVAL_SAMPLES) -> int:
+    """Return how many evaluation samples fit in budget_s at cost_s each (at least minimum, at most available)."""
+    fit = int(budget_s // cost_s) if cost_s > 0 else available
+    return max(min(minimum, available), min(available, fit))
+
+
+def count_reason(cost: InferenceCost, device_id: str, count: int, budget_s: float = EVAL_BUDGET_S) -> str:
+    """Return the sentence the data set's description carries about its evaluation count."""
+    return (f"one HTP inference of the 8-bit model took {cost.inference_s:.3g} s on {device_id} "
+            f"({cost.latency_source}); {count} fit the evaluation budget of {budget_s:g} s per pass, "
+            f"minimum {MIN_EVAL_SAMPLES}")
+
+
+def activation_bytes(model: Path) -> int:
+    """Return the bytes of one sample's intermediate and output tensors of a shape-fixed model (float32;
+    tensors whose shapes cannot be inferred are not counted)."""
+    import onnx
+
+    inferred = onnx.load(str(model), load_external_data=False)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(inferred)
+    except Exception:  # noqa: BLE001 - shapes it cannot infer are simply not counted
+        pass
+    total = 0
+    for value in list(inferred.graph.value_info) + list(inferred.graph.output):
+        dims = [d.dim_value for d in value.type.tensor_type.shape.dim]
+        if all(d > 0 for d in dims):
+            total += 4 * int(np.prod(dims, dtype=np.int64))
+    return total
+
+
+def calibration_count(bytes_per_sample: int, available: int, budget_bytes: int = CALIB_MEMORY_BUDGET_BYTES) -> int:
+    """Return how many calibration samples fit in budget_bytes of activations (at least 1, at most available)."""
+    fit = budget_bytes // bytes_per_sample if bytes_per_sample > 0 else available
+    return max(min(1, available), min(available, int(fit)))

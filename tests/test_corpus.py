@@ -1,0 +1,83 @@
+"""The real-model corpus fetcher (harness.corpus) and evaluation sizing by cost (harness.sizing)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness import corpus
+from harness.data import Dataset, input_infos, user_dataset, with_evaluation_count
+from harness.models import resolve_model
+from harness.sizing import InferenceCost, count_reason, evaluation_count
+from real_models_helpers import corpus_dirs, real_model_spec
+
+
+def test_manifest_pins_every_package_and_model():
+    manifest = corpus.load_manifest()
+    assert all("==" in p.requirement and len(p.sha256) == 64 for p in manifest.packages.values())
+    assert {"ppocrv5_rec", "layout_cdla", "hey_jarvis", "silero_vad", "mtcnn_onet"} <= set(manifest.models)
+    assert manifest.models["silero_vad"].freeze_inputs == {"sr": 16000}
+
+
+def test_evaluation_count_fits_the_budget_with_a_minimum():
+    assert evaluation_count(0.03, 16) == 16
+    assert evaluation_count(1.0, 16, budget_s=8.0) == 8
+    assert evaluation_count(4.5, 16, budget_s=8.0) == 2  # at least two samples, however slow
+    assert evaluation_count(4.5, 1) == 1
+
+
+def test_sized_dataset_says_how_many_and_why():
+    feeds = [{"x": np.full((1, 2), i, np.float32)} for i in range(6)]
+    data = Dataset(feeds, feeds, None, description="6 samples")
+    reason = count_reason(InferenceCost(2.0, 0.1, "simulator"), "sm8650-emu", 4)
+    sized = with_evaluation_count(data, 4, reason)
+    assert len(sized.evaluation) == 4 and len(sized.calibration) == 6
+    assert "evaluated on 4 of 6 evaluation samples" in sized.description and "took 2 s on sm8650-emu" in sized.description
+
+
+def test_calibration_dir_description_reaches_the_dataset(tmp_path):
+    np.save(tmp_path / "a.npy", np.zeros((3, 1, 4), np.float32))
+    (tmp_path / "description.txt").write_text("three silent frames\n")
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    data = user_dataset(tmp_path, input_infos(helper.make_model(graph)))
+    assert len(data.calibration) == 3 and data.description.endswith(": three silent frames")
+
+
+def test_fetched_specs_load_with_their_calibration_data():
+    spec = resolve_model(str(real_model_spec("silero_vad")), {}, None)
+    assert spec.freeze_inputs == {"sr": 16000} and spec.input_shapes["input"] == (1, 640)
+    assert (spec.calib_data / "description.txt").read_text().startswith("16 frames of 640 samples")
+    arrays = np.load(next(spec.calib_data.glob("*.npz")))
+    assert arrays["input"].shape == (16, 1, 640) and np.abs(arrays["input"]).max() <= 1.0
+
+
+def test_fetch_is_idempotent_and_repairs_a_corrupt_model(tmp_path):
+    source = real_model_spec("mtcnn_rnet").parent  # a fetched corpus (skips when there is none)
+    root = tmp_path / "corpus"
+    root.mkdir()
+    os.symlink(source / "archives", root / "archives")  # no download: the archives are there
+    shutil.copytree(source / "models", root / "models")
+    shutil.copytree(source / "calib", root / "calib")
+    for spec in source.glob("*.yaml"):
+        shutil.copy(spec, root / spec.name)
+    assert {m.action for m in corpus.fetch(root, log=lambda _: None)} == {"present"}
+    target = corpus.model_path(root, "mtcnn_rnet")
+    target.write_bytes(b"not a model")
+    fetched = {m.name: m.action for m in corpus.fetch(root, log=lambda _: None)}
+    assert fetched["mtcnn_rnet"] == "written" and fetched["mtcnn_onet"] == "present"
+    assert corpus.sha256_file(target) == corpus.load_manifest().models["mtcnn_rnet"].sha256
+    assert not [p for p in root.rglob(".*") if p.name not in {".complete"}]  # no temporary leftovers
+
+
+def test_corpus_dirs_prefer_the_explicit_directory(monkeypatch, tmp_path):
+    monkeypatch.setenv("HARNESS_CORPUS_DIR", str(tmp_path))
+    assert corpus_dirs()[0] == Path(tmp_path)
