@@ -36,6 +36,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from harness.errors import ConfigError, HarnessError
+from harness.transports.base import sha256_file
 
 DATA_VERSION = 1  # bump when the generators in harness.corpus_data change what they write
 CALIB_SAMPLES = 16
@@ -128,15 +129,6 @@ def spec_path(root: Path, name: str) -> Path:
 def model_path(root: Path, name: str) -> Path:
     """Return where corpus model `name`'s ONNX file lives under root."""
     return Path(root) / "models" / f"{name}.onnx"
-
-
-def sha256_file(path: Path) -> str:
-    """Return the hex sha256 of a file."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
