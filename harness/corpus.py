@@ -65,6 +65,7 @@ class DataEntry(BaseModel):
 
     kind: str
     count: int = CALIB_SAMPLES
+    phrase: str | None = None  # a wake word the audio generators speak (espeak-ng) into half the samples
 
 
 class ModelEntry(BaseModel):
@@ -200,8 +201,10 @@ def extract(name: str, entry: ModelEntry, archive: Path, root: Path) -> bool:
 # ------------------------------------------------------------------------------------ data and specs
 
 def _calib_marker(name: str, entry: ModelEntry) -> str:
-    return json.dumps({"version": DATA_VERSION, "model": name, "sha256": entry.sha256, "data": entry.data.model_dump(),
-                       "input_shapes": entry.input_shapes}, sort_keys=True)
+    speaker = {"espeak-ng": shutil.which("espeak-ng") is not None} if entry.data.phrase else {}  # redo once installed
+    return json.dumps({"version": DATA_VERSION, "model": name, "sha256": entry.sha256,
+                       "data": entry.data.model_dump(exclude_none=True),
+                       "input_shapes": entry.input_shapes, **speaker}, sort_keys=True)
 
 
 def write_calibration(name: str, entry: ModelEntry, root: Path, models: dict[str, Path]) -> bool:
@@ -217,7 +220,8 @@ def write_calibration(name: str, entry: ModelEntry, root: Path, models: dict[str
     if generator is None:
         raise ConfigError(f"harness/corpus.yaml: model {name}: unknown data kind '{entry.data.kind}' "
                           f"(known: {', '.join(GENERATORS)})")
-    request = DataRequest(name, {k: tuple(v) for k, v in entry.input_shapes.items()}, entry.data.count, models)
+    request = DataRequest(name, {k: tuple(v) for k, v in entry.input_shapes.items()}, entry.data.count, models,
+                          entry.data.phrase)
     made = generator(request)
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=directory.parent))

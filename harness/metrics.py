@@ -52,6 +52,22 @@ def is_classifier_output(shape: tuple[int, ...]) -> bool:
     return len(dims) == 1 and dims[0] > 1 and len(shape) <= 2
 
 
+DECISION_THRESHOLD = 0.5  # a detector's probability at or above it means "detected"
+
+
+def is_probability_output(values: list[np.ndarray]) -> bool:
+    """True when every sample's output is a single value in [0, 1] (a detector's sigmoid probability)."""
+    arrays = [np.asarray(v) for v in values]
+    return bool(arrays) and all(a.size == 1 and 0.0 <= float(a.ravel()[0]) <= 1.0 for a in arrays)
+
+
+def decision_agreement(reference: list[np.ndarray], test: list[np.ndarray],
+                       threshold: float = DECISION_THRESHOLD) -> float:
+    """Return the share of samples whose probabilities fall on the same side of threshold."""
+    return (float(np.mean([(float(np.ravel(a)[0]) >= threshold) == (float(np.ravel(b)[0]) >= threshold)
+                           for a, b in zip(reference, test)])) if reference else 0.0)
+
+
 def top1(logits: np.ndarray) -> int:
     """Return the arg-max class of a classifier output."""
     return int(np.argmax(np.asarray(logits).ravel()))

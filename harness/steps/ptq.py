@@ -16,7 +16,7 @@ from harness.kpi import Limit
 from harness.metrics import cosine_similarity, mean_abs_error, sqnr_db
 from harness.models import Thresholds
 from harness.runner.client import DeviceRunner, HtpRefusedError
-from harness.steps.inference import stacked, task_metric
+from harness.steps.inference import reference_warning, stacked, task_metric
 from harness.steps.report import StepReport
 
 MATH_ERROR_COSINE = 0.9  # the seed's rule: below, a math/graph error; above, precision loss
@@ -128,6 +128,8 @@ def ptq(qdq_model: Path, recipe: QuantRecipe, dataset: Dataset, reference: list[
                      Limit("cosine_similarity", minimum=thresholds.min_cosine_similarity),
                      Limit("sqnr_db", minimum=thresholds.min_sqnr_db)]
     report.notes.extend(dataset.warnings)
+    if (degenerate := reference_warning(reference)) is not None:
+        report.notes.append(degenerate)
     if report.kpis["cosine_similarity"] < MATH_ERROR_COSINE:
         report.notes.append(report.kpis["diagnosis"])
     report.artifacts["qdq_model"] = qdq_model
