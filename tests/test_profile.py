@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -11,8 +12,9 @@ from harness.errors import ConfigError, StepError
 from harness.estimate import estimate_latency, graph_cost
 from harness.models import Thresholds, resolve_model
 from harness.profiling import ProfileFormatError, op_table, parse_profile_csv
-from harness.steps.profile import (DEVICE_RULE, EMULATOR_RULE, PROFILE_ITERATIONS, MeasureRule, default_rule,
-                                   detailed_profile, latency_stats, measure_latency, profile)
+from harness.steps.profile import (DEVICE_RULE, EMULATOR_RULE, PROFILE_ITERATIONS, SIMULATOR_BUDGET_S,
+                                   SIMULATOR_MIN_ITERATIONS, MeasureRule, default_rule, detailed_profile,
+                                   latency_stats, measure_latency, measure_sized, profile, sized_rule)
 from model_builders import conv_classifier
 from perf_helpers import random_feeds
 
@@ -38,10 +40,31 @@ def test_latency_statistics_match_numpy():
 
 
 def test_default_rules_are_small_on_the_emulator_and_options_override():
-    assert default_rule("emulator") == EMULATOR_RULE and default_rule("adb") == DEVICE_RULE == default_rule("ssh")
+    sized = {"budget_s": SIMULATOR_BUDGET_S}
+    assert default_rule("emulator") == replace(EMULATOR_RULE, **sized)
+    assert default_rule("adb") == replace(DEVICE_RULE, **sized) == default_rule("ssh")
     assert EMULATOR_RULE.min_iterations < DEVICE_RULE.min_iterations
+    # an iteration count the user gives is kept, even on the simulator
     assert default_rule("adb", min_iterations=7, min_duration_s=0.5) == MeasureRule(7, 0.5, DEVICE_RULE.warmup)
     assert "at least 20 iterations and at least 1 s" in str(EMULATOR_RULE)
+
+
+@pytest.mark.parametrize("inference_s, count", [(4.5, 5), (1.0, 15), (0.5, 20), (0.001, 20), (60.0, 5)])
+def test_the_simulator_count_fits_the_budget(inference_s, count):
+    rule, why = sized_rule(default_rule("emulator"), inference_s)
+    assert rule == MeasureRule(count, EMULATOR_RULE.min_duration_s, EMULATOR_RULE.warmup)
+    assert f"{inference_s:.3g} s" in why and f"{count} iterations" in why
+    assert ("instead of 20" in why) == (count < 20)
+
+
+def test_profile_sizes_its_count_on_the_simulator_from_the_warm_up(ctx, sm8650_runner):
+    rule = MeasureRule(20, 0.0, 3, budget_s=0.0)  # nothing fits the budget: the minimum count
+    timed, used, why = measure_sized(sm8650_runner, ctx.model, random_feeds(1)[0], rule)
+    assert timed.run.latency_source == "simulator" and timed.stats.iterations == SIMULATOR_MIN_ITERATIONS
+    assert used.min_iterations == SIMULATOR_MIN_ITERATIONS and "instead of 20" in why
+    explicit = MeasureRule(3, 0.0, 1)  # --min-iterations given: run as is, no probe session
+    timed, used, why = measure_sized(sm8650_runner, ctx.model, random_feeds(1)[0], explicit)
+    assert timed.stats.iterations == 3 and used == explicit and why is None
 
 
 def test_the_runner_times_at_least_n_iterations_and_at_least_d_seconds(sm8650_runner, tmp_path):
@@ -132,6 +155,7 @@ def test_profile_step_reports_statistics_ops_charts_and_holds_the_budget(ctx, qd
                  Thresholds(latency_budget_ms=50.0), rule, tmp_path / "ok", "sm8650-emu x clf")
     k = ok.kpis
     assert k["latency_source"] == "simulator" and k["iterations"] >= 5 and k["peak_rss_mb"] > 0
+    assert k["iterations_reason"] == "the measurement rule (5 iterations at least)"
     assert k["latency_ms"]["min"] <= k["latency_ms"]["p50"] <= k["latency_ms"]["p99"] <= k["latency_ms"]["max"]
     assert k["per_op_source"] == "context_binary" and k["top_ops"][0]["share"] >= k["top_ops"][-1]["share"]
     assert k["estimated_latency_ms"] > 0 and k["budget_latency_ms"] == k["estimated_latency_ms"]

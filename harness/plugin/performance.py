@@ -15,7 +15,8 @@ _seconds = bounded(float, 0, "a duration in seconds (0 or more)")
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("snapdragon")
     group.addoption("--min-iterations", type=_count, default=None, metavar="N",
-                    help="profile step: time at least N iterations (default 20 on the emulator, 100 on devices)")
+                    help="profile step: time at least N iterations (default 20 on the emulator, 100 on devices; "
+                         "unset, the HTP simulator times as many as fit 15 s, at least 5)")
     group.addoption("--min-duration", type=_seconds, default=None, metavar="SECONDS",
                     help="profile step: and time for at least this long (default 1 s on the emulator, 10 s on devices)")
     group.addoption("--warmup-iterations", type=_warmup, default=None, metavar="N",

@@ -6,13 +6,15 @@ seconds, every iteration timed on the device; statistics are computed here. The 
 comes from a separate, short run with QNN detailed profiling (profiling slows execution, so
 it never overlaps the timed loop). Where the runner ran on an x86-64 machine (the emulator, an
 x86-64 SSH host, the emulated adb phone) every number comes from the HTP simulator and is
-labelled `latency_source: simulator` (RunResult.latency_source of the timed run).
+labelled `latency_source: simulator` (RunResult.latency_source of the timed run). The simulator
+takes seconds per inference on a real model, so there, unless the user set --min-iterations, the
+iteration count is sized by the per-inference cost measured in the warm-up (sized_rule).
 """
 
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -25,7 +27,7 @@ from harness.estimate import estimate_latency, graph_cost
 from harness.kpi import Limit
 from harness.models import Thresholds
 from harness.profiling import QnnProfile, median_execute, op_table, parse_profile_csv
-from harness.runner.client import DeviceRunner, RunResult
+from harness.runner.client import DeviceRunner, RunResult, latency_source
 from harness.steps.context_binary import ContextBinary
 from harness.steps.report import StepReport
 
@@ -35,11 +37,14 @@ TOP_OPS = 5
 
 @dataclass(frozen=True)
 class MeasureRule:
-    """How long to measure: warm-up runs, then at least min_iterations and at least min_duration_s."""
+    """How long to measure: warm-up runs, then at least min_iterations and at least min_duration_s.
+    budget_s: on the HTP simulator, fewer iterations (at least SIMULATOR_MIN_ITERATIONS) so that
+    they take about budget_s at the cost the warm-up measured (None: the rule as is)."""
 
     min_iterations: int
     min_duration_s: float
     warmup: int
+    budget_s: float | None = None
 
     def __str__(self) -> str:
         return (f"{self.warmup} warm-up runs, then at least {self.min_iterations} iterations "
@@ -48,16 +53,38 @@ class MeasureRule:
 
 EMULATOR_RULE = MeasureRule(min_iterations=20, min_duration_s=1.0, warmup=3)
 DEVICE_RULE = MeasureRule(min_iterations=100, min_duration_s=10.0, warmup=10)
+SIMULATOR_BUDGET_S = 15.0  # timed-loop time on the HTP simulator when the user gave no iteration count
+SIMULATOR_MIN_ITERATIONS = 5
 
 
 def default_rule(transport: str, min_iterations: int | None = None, min_duration_s: float | None = None,
                  warmup: int | None = None) -> MeasureRule:
     """Return the measurement rule for a device transport (small on the emulator, larger on
-    hardware reached over adb/ssh), with any given value overriding the default."""
+    hardware reached over adb/ssh), with any given value overriding the default; without a
+    given iteration count the count is sized on the HTP simulator (budget_s, see sized_rule)."""
     base = EMULATOR_RULE if transport == "emulator" else DEVICE_RULE
     return MeasureRule(base.min_iterations if min_iterations is None else min_iterations,
                        base.min_duration_s if min_duration_s is None else min_duration_s,
-                       base.warmup if warmup is None else warmup)
+                       base.warmup if warmup is None else warmup,
+                       SIMULATOR_BUDGET_S if min_iterations is None else None)
+
+
+def sized_rule(rule: MeasureRule, inference_s: float) -> tuple[MeasureRule, str]:
+    """Return rule with its iteration count cut to what fits rule.budget_s at inference_s per
+    iteration (at least SIMULATOR_MIN_ITERATIONS, never more than rule's), and the sentence why."""
+    budget_s = rule.budget_s if rule.budget_s is not None else float("inf")
+    fit = int(min(budget_s // inference_s, rule.min_iterations)) if inference_s > 0 else rule.min_iterations
+    count = max(min(SIMULATOR_MIN_ITERATIONS, rule.min_iterations), min(rule.min_iterations, fit))
+    sized = replace(rule, min_iterations=count, budget_s=None)
+    if count == rule.min_iterations:
+        why = (f"{count} iterations (the rule's): one warm HTP-simulator inference took {inference_s:.3g} s, "
+               f"{rule.min_iterations} fit the simulator budget of {rule.budget_s:g} s")
+    else:
+        why = (f"{count} iterations instead of {rule.min_iterations}: one warm HTP-simulator inference took "
+               f"{inference_s:.3g} s, so {count} fit the simulator budget of {rule.budget_s:g} s "
+               f"(minimum {SIMULATOR_MIN_ITERATIONS}); simulator wall time is not a phone latency, and "
+               "--min-iterations sets the count")
+    return sized, why
 
 
 @dataclass(frozen=True)
@@ -111,6 +138,23 @@ def measure_latency(runner: DeviceRunner, model: Path, feeds: list[Feed], runtim
                        run.peak_rss_mb, run)
 
 
+def measure_sized(runner: DeviceRunner, model: Path, feed: Feed,
+                  rule: MeasureRule) -> tuple[Measurement, MeasureRule, str | None]:
+    """Time model on the device's `htp` runtime; return the measurement, the rule it ran under and,
+    when the count was sized for the HTP simulator, why. A rule without budget_s, or a device whose
+    HTP is real (aarch64), runs as is; otherwise a first session runs the warm-ups and times one
+    warm inference, and the timed session runs sized_rule's count (its outputs pass, untimed by the
+    loop, warms that session)."""
+    machine = runner.device_platform()[0]
+    if rule.budget_s is None or latency_source("htp", machine) == "device":
+        return measure_latency(runner, model, [feed], "htp", rule), rule, None
+    probe = runner.run(model, [feed], "htp", warmup=rule.warmup)
+    if probe.latency_source != "simulator" or not probe.inference_s:
+        return measure_latency(runner, model, [feed], "htp", rule), rule, None
+    sized, why = sized_rule(rule, probe.inference_s[0])
+    return measure_latency(runner, model, [feed], "htp", replace(sized, warmup=0)), sized, why
+
+
 def detailed_profile(runner: DeviceRunner, model: Path, feed: Feed, keep_dir: Path) -> QnnProfile:
     """Run model on the device's HTP with QNN detailed profiling; return the parsed profile."""
     runner.run(model, [feed], "htp", profiling_level="detailed", min_iterations=PROFILE_ITERATIONS,
@@ -138,7 +182,7 @@ def profile(ctx: ContextBinary, qdq_model: Path, feed: Feed, runner: DeviceRunne
     from harness import charts
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    timed = measure_latency(runner, ctx.model, [feed], "htp", rule)
+    timed, rule, sized_why = measure_sized(runner, ctx.model, feed, rule)
     source = timed.run.latency_source
     per_op_source = "context_binary"
     qnn = detailed_profile(runner, ctx.model, feed, out_dir / "profile_run")
@@ -161,6 +205,7 @@ def profile(ctx: ContextBinary, qdq_model: Path, feed: Feed, runner: DeviceRunne
         "duration_s": timed.duration_s,
         "warmup_iterations": rule.warmup,
         "measurement_rule": str(rule),
+        "iterations_reason": sized_why or f"the measurement rule ({rule.min_iterations} iterations at least)",
         "peak_rss_mb": timed.peak_rss_mb,
         "top_ops": [{k: r[k] for k in ("node", "op_type", "cycles", "share")} for r in rows[:TOP_OPS]],
         "per_op_source": per_op_source,
