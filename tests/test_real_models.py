@@ -25,9 +25,9 @@ STEPS = ("feasibility", "conversion", "float_baseline", "ptq", "error_isolation"
          "context_binary", "profile", "runtime")
 NEEDS_ONLY_CONVERSION = ("conversion", "float_baseline")  # run even when feasibility fails (the float CPU run)
 MIN_EQUIVALENCE_COSINE = 0.9999  # the converted model against the source model, on the same inputs
-MAX_EQUIVALENCE_ABS_DIFF = 1e-5
-MIN_RUNTIME_COSINE = 0.999
-MATH_ERROR_COSINE = 0.9  # below, PTQ's loss is a math/graph error unless host QDQ emulation loses the same  # the context binary on the device against the host's HTP run of it
+MAX_EQUIVALENCE_ABS_DIFF = 1e-5  # ... or equal within float noise, where the outputs are about 0
+MIN_RUNTIME_COSINE = 0.999  # the context binary on the device against the host's HTP run of it
+MATH_ERROR_COSINE = 0.9  # below, PTQ's loss is a math/graph error unless host QDQ emulation loses the same
 
 
 @dataclass(frozen=True)
