@@ -37,6 +37,18 @@ class OutlierModel:
     consumer_nodes: tuple[str, ...] = CONSUMER_NODES
 
 
+def _save(path: Path, nodes: list, name: str, output: tuple[str, list[int]], inits: list) -> Path:
+    """Check the graph of nodes (input `x` of INPUT_SHAPE, one float output) and write it to path; return path."""
+    graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(INPUT_SHAPE))],
+                              [helper.make_tensor_value_info(output[0], TensorProto.FLOAT, output[1])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    onnx.checker.check_model(model)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path))
+    return path
+
+
 def build_outlier_model(path: Path, outlier: float = OUTLIER, seed: int = 0) -> OutlierModel:
     """Write the demonstration model to path (deterministic for a seed); return its description."""
     rng = np.random.default_rng(seed)
@@ -63,16 +75,8 @@ def build_outlier_model(path: Path, outlier: float = OUTLIER, seed: int = 0) -> 
         helper.make_node("Flatten", ["concat_out"], ["flat"], name="flatten", axis=1),
         helper.make_node("Gemm", ["flat", "fc_w", "fc_b"], ["logits"], name="fc", transB=1),
     ]
-    graph = helper.make_graph(nodes, "outlier_cnn",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(INPUT_SHAPE))],
-                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 10])],
-                              [numpy_helper.from_array(a, n) for n, a in arrays.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
-    onnx.checker.check_model(model)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(path))
-    return OutlierModel(path)
+    return OutlierModel(_save(path, nodes, "outlier_cnn", ("logits", [1, 10]),
+                              [numpy_helper.from_array(a, n) for n, a in arrays.items()]))
 
 
 def build_deep_model(path: Path, blocks: int = 40, channels: int = 8, seed: int = 0) -> Path:
@@ -102,15 +106,7 @@ def build_deep_model(path: Path, blocks: int = 40, channels: int = 8, seed: int 
     inits += [numpy_helper.from_array((rng.normal(size=(10, channels)) * 0.3).astype(np.float32), "fc_w"),
               numpy_helper.from_array(np.zeros(10, np.float32), "fc_b")]
     nodes.append(helper.make_node("Gemm", ["flat", "fc_w", "fc_b"], ["logits"], name="fc", transB=1))
-    graph = helper.make_graph(nodes, "deep_cnn",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(INPUT_SHAPE))],
-                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 10])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
-    onnx.checker.check_model(model)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(path))
-    return path
+    return _save(path, nodes, "deep_cnn", ("logits", [1, 10]), inits)
 
 
 
@@ -173,13 +169,5 @@ def build_concat_outlier_model(path: Path, outlier: float = CONCAT_OUTLIER, dept
     arrays["out_b"] = np.zeros(4, np.float32)
     nodes += [helper.make_node("MaxPool", [f"h{depth}"], ["pooled"], name="pool", kernel_shape=[2, 2], strides=[2, 2]),
               helper.make_node("Conv", ["pooled", "out_w", "out_b"], ["out"], name="out")]
-    graph = helper.make_graph(nodes, "concat_outlier_cnn",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(INPUT_SHAPE))],
-                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 4, 4, 4])],
-                              [numpy_helper.from_array(a, n) for n, a in arrays.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
-    onnx.checker.check_model(model)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(path))
-    return path
+    return _save(path, nodes, "concat_outlier_cnn", ("out", [1, 4, 4, 4]),
+                 [numpy_helper.from_array(a, n) for n, a in arrays.items()])
