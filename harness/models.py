@@ -337,12 +337,10 @@ def fix_input_shapes(model: "onnx.ModelProto", shapes: dict[str, tuple[int, ...]
     inference. Raises ModelError naming the input and dim that is still dynamic, a shape of the wrong
     rank, a fixed dim that --input-shape contradicts, or shape inference's own error.
     """
-    import onnx
-
+    from harness.convert import copy_model
     from harness.convert.shapes import dims_text, infer_shapes, is_dynamic
 
-    fixed = onnx.ModelProto()
-    fixed.CopyFrom(model)
+    fixed = copy_model(model)
     names = [i.name for i in graph_inputs(fixed)]
     unknown = [n for n in shapes if n not in names]
     if unknown:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from harness.convert import copy_model
+
 HUGE = 1e30  # at or above this magnitude (or non-finite) a constant is a mask sentinel
 SCALES = (100.0, 1e4)  # replacement magnitude: this times the data range of the consumers
 _BOUND_INPUTS = {"Clip": {1, 2}}  # inputs that are bounds, not data: never quantized, left alone
@@ -65,8 +67,7 @@ def find_huge_constants(model: onnx.ModelProto) -> list[HugeConstant]:
 def replace_huge(model: onnx.ModelProto, name: str, magnitude: float) -> onnx.ModelProto:
     """Return a copy of model whose initializer `name` has its huge elements set to ±magnitude
     (the sign kept; NaN is left alone)."""
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
+    copy = copy_model(model)
     for index, init in enumerate(copy.graph.initializer):
         if init.name == name:
             values = onnx.numpy_helper.to_array(init)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from harness.convert import copy_model
 from harness.data import Feed
 from harness.metrics import cosine_similarity
 
@@ -101,8 +102,7 @@ def run(model: onnx.ModelProto, feeds: list[Feed], extra_outputs: tuple[str, ...
 
 
 def _with_outputs(model: onnx.ModelProto, names: tuple[str, ...]) -> onnx.ModelProto:
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
+    copy = copy_model(model)
     known = {v.name: v for v in [*copy.graph.value_info, *copy.graph.input, *copy.graph.output]}
     present = {o.name for o in copy.graph.output}
     for name in names:

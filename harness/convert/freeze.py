@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from harness.convert import copy_model
 from harness.convert.shapes import dims_text, is_dynamic
 from harness.errors import ModelError
 
@@ -62,8 +63,7 @@ def freeze_inputs(model: onnx.ModelProto, values: dict[str, object], where: str,
     """Return a copy of model whose inputs in `values` are initializers holding those values, and what
     was frozen. Raises ModelError (see frozen_array)."""
     shapes = shapes or {}
-    frozen = onnx.ModelProto()
-    frozen.CopyFrom(model)
+    frozen = copy_model(model)
     done = []
     for name, value in values.items():
         array = frozen_array(frozen, name, value, where, shapes.get(name))

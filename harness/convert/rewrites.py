@@ -22,6 +22,7 @@ from typing import Callable
 import numpy as np
 import onnx
 
+from harness.convert import copy_model
 from harness.errors import ConfigError
 
 FLOAT_MAX = float(np.finfo(np.float32).max)
@@ -49,12 +50,6 @@ class BuiltinRewrite:
     apply: Callable[[onnx.ModelProto, str], tuple[onnx.ModelProto, str]]  # -> (model, replacement text)
 
 
-def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
-    clone = onnx.ModelProto()
-    clone.CopyFrom(model)
-    return clone
-
-
 def _constant_values(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     return {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
 
@@ -63,7 +58,7 @@ def named(model: onnx.ModelProto) -> onnx.ModelProto:
     """Return model with every unnamed main-graph node named '<op>_<index>' (rewrites address nodes by name)."""
     if all(n.name for n in model.graph.node):
         return model
-    result = _copy(model)
+    result = copy_model(model)
     taken = {n.name for n in result.graph.node}
     for index, node in enumerate(result.graph.node):
         if not node.name:
@@ -83,7 +78,7 @@ def _computed_clip_sites(model: onnx.ModelProto) -> list[str]:
 
 def _clip_to_max_min(model: onnx.ModelProto, node_name: str) -> tuple[onnx.ModelProto, str]:
     """Clip(x, lo, hi) -> Min(Max(x, lo), hi); a constant hi of +inf or float32's max is dropped."""
-    result = _copy(model)
+    result = copy_model(model)
     consts = _constant_values(result)
     index, node = next((k, n) for k, n in enumerate(result.graph.node) if n.name == node_name)
     x, lo, hi = (list(node.input) + ["", ""])[:3]
@@ -173,7 +168,7 @@ def _erf_gelu_to_gelu(model: onnx.ModelProto, erf_name: str) -> tuple[onnx.Model
     from harness.convert.opset import opset_of
 
     gelu = _erf_gelus(model)[erf_name]
-    result = _copy(model)
+    result = copy_model(model)
     domain = "" if opset_of(result) >= 20 else "com.microsoft"
     if domain and not any(o.domain == domain for o in result.opset_import):
         result.opset_import.append(onnx.helper.make_opsetid(domain, 1))
@@ -235,7 +230,7 @@ def _inline_branch(graph: onnx.GraphProto,
 
 def _if_to_where(model: onnx.ModelProto, node_name: str) -> tuple[onnx.ModelProto, str]:
     """If(cond) -> both branches computed, each output selected by Where(cond, then, else)."""
-    result = _copy(model)
+    result = copy_model(model)
     index, node = next((k, n) for k, n in enumerate(result.graph.node) if n.name == node_name)
     branches = {a.name: a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH}
     then_nodes, then_inits, then_outs = _inline_branch(branches["then_branch"], f"{node_name}/then/")
@@ -292,7 +287,7 @@ def apply_user_rewrite(model: onnx.ModelProto, reference: str) -> tuple[onnx.Mod
     Raises ConfigError naming the reference when it cannot be loaded, raises, or returns something else.
     """
     fn = load_rewrite(reference)
-    work = _copy(model)
+    work = copy_model(model)
     try:
         returned = fn(work)
     except Exception as e:

@@ -6,6 +6,8 @@ from typing import Iterator
 
 import onnx
 
+from harness.convert import copy_model
+
 
 def is_dynamic(dim: "onnx.TensorShapeProto.Dimension") -> bool:
     """True when a dim is not a fixed size: a dim_param, no value, or a value <= 0 (Paddle writes -1)."""
@@ -54,7 +56,6 @@ def strip_shape_info(model: onnx.ModelProto) -> None:
 def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     """Return model with stale shape information removed (subgraphs included) and shapes re-inferred
     (strict, with data propagation so that shape subgraphs resolve); raises onnx's error."""
-    clean = onnx.ModelProto()
-    clean.CopyFrom(model)
+    clean = copy_model(model)
     strip_shape_info(clean)
     return onnx.shape_inference.infer_shapes(clean, strict_mode=True, data_prop=True)

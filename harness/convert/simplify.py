@@ -29,6 +29,8 @@ from collections import Counter
 
 import onnx
 
+from harness.convert import copy_model
+
 
 def library_version() -> str:
     """Return 'onnxslim <version>' (part of the conversion cache key)."""
@@ -41,10 +43,8 @@ def fold(model: onnx.ModelProto) -> onnx.ModelProto:
     """Return the model constant-folded and simplified by onnxslim (the argument is left untouched)."""
     import onnxslim
 
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)  # onnxslim changes the model it is given
     with contextlib.redirect_stdout(io.StringIO()):
-        result = onnxslim.slim(copy)
+        result = onnxslim.slim(copy_model(model))  # onnxslim changes the model it is given
     if result is None:
         raise RuntimeError("onnxslim returned no model")
     return result

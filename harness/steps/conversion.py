@@ -13,7 +13,7 @@ from pathlib import Path
 import onnx
 
 from harness.cache import ArtifactCache, content_key
-from harness.convert import constants, opset, rewrites, simplify
+from harness.convert import constants, copy_model, opset, rewrites, simplify
 from harness.convert.equivalence import Equivalence, RunFailed, check_feeds, compare, run
 from harness.convert.freeze import freeze_inputs, frozen_array
 from harness.convert.shapes import count_nodes, infer_shapes
@@ -199,7 +199,7 @@ def _user_rewrites(conv: _Conversion, references: tuple[str, ...]) -> None:
 def _qnn_preprocess(conv: _Conversion, work: Path) -> None:
     from onnxruntime.quantization.execution_providers.qnn import qnn_preprocess_model
 
-    model = rewrites._copy(conv.model)
+    model = copy_model(conv.model)
     # onnxruntime's preprocessing crashes on models that carry metadata_props (it calls dict.update
     # on the protobuf list); strip them for the call and put them back after.
     metadata = {p.key: p.value for p in model.metadata_props}
