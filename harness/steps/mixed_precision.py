@@ -46,10 +46,10 @@ from harness.models import Thresholds
 from harness.runner.client import DeviceRunner
 from harness.steps.inference import task_metric
 from harness.steps.promotion import PromotionUnit
-from harness.steps.ptq import QuantRecipe, compare_quantized, quantize
+from harness.steps.ptq import QuantRecipe, compare_quantized
 from harness.steps.report import StepReport
-from harness.steps.sweep import (Candidate, _private_copy, accuracy_limits, evaluate_all, evaluate_recipe, rank,
-                                 with_entropy_ranges)
+from harness.steps.sweep import (Candidate, accuracy_limits, evaluate_all, evaluate_recipe, quantize_recipe,
+                                 rank)
 
 PROMOTED_TYPE = "QUInt16"
 MEASURED_UNITS = 16  # candidate units measured on the host per run (the top of error isolation's pre-rank)
@@ -148,14 +148,6 @@ def host_kpis(qdq_model: Path, dataset: Dataset, reference: list[Feed], cache: A
     return json.loads((cache.entry("mp_host_eval", key, build).path / "kpis.json").read_text())
 
 
-def quantize_recipe(recipe: QuantRecipe, model: Path, dataset: Dataset, cache: ArtifactCache) -> Path:
-    """Return the cached QDQ model of recipe, quantized as the sweep does (entropy ranges, private copy)."""
-    if recipe.calibrate_method == "Entropy":
-        recipe = with_entropy_ranges(recipe, model, dataset.calibration, cache)
-    with _private_copy(model, cache) as own:
-        return quantize(own, dataset.calibration, recipe, cache)
-
-
 def measure_units(units: list[PromotionUnit], start: QuantRecipe, model: Path, dataset: Dataset,
                   reference: list[Feed], cache: ArtifactCache, max_workers: int | None = None) -> list[UnitEffect]:
     """Return each unit promoted alone from start and measured on the host's QDQ emulation, in
@@ -166,7 +158,7 @@ def measure_units(units: list[PromotionUnit], start: QuantRecipe, model: Path, d
     def one(unit: PromotionUnit) -> UnitEffect:
         recipe = promoted_recipe(start, [unit], labels[unit])
         try:
-            qdq = quantize_recipe(recipe, model, dataset, cache)
+            _, qdq = quantize_recipe(recipe, model, dataset, cache)
             return UnitEffect(unit, recipe, host_kpis(qdq, dataset, reference, cache, 1 if workers > 1 else 0))
         except HarnessError as e:
             return UnitEffect(unit, recipe, error=str(e).splitlines()[0])

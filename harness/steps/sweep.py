@@ -123,10 +123,8 @@ def evaluate_recipe(recipe: QuantRecipe, model: Path, dataset: Dataset, referenc
     """
     candidate = Candidate(recipe)
     try:
-        if recipe.calibrate_method == "Entropy":
-            recipe = candidate.recipe = with_entropy_ranges(recipe, model, dataset.calibration, cache)
-        with _private_copy(model, cache) as own:
-            candidate.model = quantize(own, dataset.calibration, recipe, cache)
+        recipe, candidate.model = quantize_recipe(recipe, model, dataset, cache)
+        candidate.recipe = recipe
         candidate.kpis = _candidate_kpis(candidate.model, recipe, dataset, reference, runner, cache,
                                          device_lock, push_lock)
     except HarnessError as e:
@@ -134,6 +132,16 @@ def evaluate_recipe(recipe: QuantRecipe, model: Path, dataset: Dataset, referenc
         return candidate
     candidate.meets = all(v.passed for v in check_all(candidate.kpis, accuracy_limits(thresholds)))
     return candidate
+
+
+def quantize_recipe(recipe: QuantRecipe, model: Path, dataset: Dataset,
+                    cache: ArtifactCache) -> tuple[QuantRecipe, Path]:
+    """Return the recipe as applied (Entropy resolved to explicit ranges) and its cached QDQ model,
+    quantized from a private copy of model (so that quantizations may run in parallel)."""
+    if recipe.calibrate_method == "Entropy":
+        recipe = with_entropy_ranges(recipe, model, dataset.calibration, cache)
+    with _private_copy(model, cache) as own:
+        return recipe, quantize(own, dataset.calibration, recipe, cache)
 
 
 def _candidate_kpis(model: Path, recipe: QuantRecipe, dataset: Dataset, reference: list[Feed],
