@@ -30,6 +30,7 @@ from harness.data import Dataset, Feed
 from harness.errors import StepError
 from harness.metrics import cosine_similarity, mean_abs_error, sqnr_db
 from harness.runner.client import DeviceRunner
+from harness.steps.inference import host_qdq_run
 from harness.steps.ptq import MATH_ERROR_COSINE
 from harness.steps.report import StepReport
 
@@ -144,17 +145,7 @@ def float_activations(float_model: Path, feeds: list[Feed], cache: ArtifactCache
 def host_quantized_activations(exposed_model: Path, tensors: list[ExposedTensor],
                                feeds: list[Feed]) -> dict[str, list[np.ndarray]]:
     """Return the dequantized activations of the exposed QDQ model on the host's QDQ emulation."""
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    try:
-        session = ort.InferenceSession(str(exposed_model), so, providers=["CPUExecutionProvider"])
-        names = [t.output for t in tensors]
-        runs = [dict(zip(names, session.run(names, feed))) for feed in feeds]
-    except Exception as e:
-        raise StepError(f"host QDQ intermediate capture failed: {type(e).__name__}: {e}") from None
+    runs = host_qdq_run(exposed_model, feeds, [t.output for t in tensors])
     return {t.tensor: [t.dequantize(r[t.output]) for r in runs] for t in tensors}
 
 

@@ -8,6 +8,7 @@ import numpy as np
 
 from harness.cache import ArtifactCache, content_key
 from harness.data import Dataset, Feed, feeds_digest
+from harness.errors import StepError
 from harness.metrics import (DECISION_THRESHOLD, cosine_similarity, decision_agreement, is_classifier_output,
                              is_probability_output, top1_accuracy, top1_agreement)
 
@@ -21,6 +22,24 @@ def run_host(model: Path, feeds: list[Feed]) -> list[Feed]:
     session = ort.InferenceSession(str(model), so, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     return [dict(zip(names, session.run(names, feed))) for feed in feeds]
+
+
+def host_qdq_run(model: Path, feeds: list[Feed], names: list[str] | None = None, threads: int = 0) -> list[Feed]:
+    """Return the named outputs (all by default) of a QDQ model on the host's QDQ emulation: onnxruntime's
+    CPU EP with graph optimizations off, so every QuantizeLinear/DequantizeLinear pair runs as written.
+    Raises StepError naming the model."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.intra_op_num_threads = threads
+    try:
+        session = ort.InferenceSession(str(model), so, providers=["CPUExecutionProvider"])
+        names = names or [o.name for o in session.get_outputs()]
+        return [dict(zip(names, session.run(names, feed))) for feed in feeds]
+    except Exception as e:  # onnxruntime raises its own exception types
+        raise StepError(f"host QDQ run of {model.name} failed: {type(e).__name__}: {e}") from None
 
 
 def host_reference(model: Path, feeds: list[Feed], cache: ArtifactCache) -> list[Feed]:

@@ -40,11 +40,11 @@ import numpy as np
 
 from harness.cache import ArtifactCache, content_key
 from harness.data import Dataset, Feed, feeds_digest
-from harness.errors import HarnessError, StepError
+from harness.errors import HarnessError
 from harness.kpi import check_all
 from harness.models import Thresholds
 from harness.runner.client import DeviceRunner
-from harness.steps.inference import task_metric
+from harness.steps.inference import host_qdq_run, task_metric
 from harness.steps.promotion import PromotionUnit
 from harness.steps.ptq import QuantRecipe, compare_quantized
 from harness.steps.report import StepReport
@@ -117,23 +117,6 @@ def promoted_recipe(start: QuantRecipe, units: list[PromotionUnit], label: str =
 
 # ------------------------------------------------------------------------------ host measurement
 
-def host_qdq_outputs(model: Path, feeds: list[Feed], threads: int = 0) -> list[Feed]:
-    """Return model's outputs on the host's QDQ emulation: onnxruntime's CPU EP with graph
-    optimizations off, so every QuantizeLinear/DequantizeLinear pair runs as written."""
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.intra_op_num_threads = threads
-    try:
-        session = ort.InferenceSession(str(model), so, providers=["CPUExecutionProvider"])
-        names = [o.name for o in session.get_outputs()]
-        return [dict(zip(names, session.run(names, feed))) for feed in feeds]
-    except Exception as e:
-        raise StepError(f"host QDQ run of {model.name} failed: {type(e).__name__}: {e}") from None
-
-
 def host_kpis(qdq_model: Path, dataset: Dataset, reference: list[Feed], cache: ArtifactCache,
               threads: int = 0) -> dict[str, Any]:
     """Return the KPIs of qdq_model on the host's QDQ emulation against the float reference (cached)."""
@@ -141,7 +124,7 @@ def host_kpis(qdq_model: Path, dataset: Dataset, reference: list[Feed], cache: A
     key = content_key("mp-host-v1", qdq_model, feeds_digest(dataset.evaluation), feeds_digest(reference), labels)
 
     def build(out: Path) -> None:
-        outputs = host_qdq_outputs(qdq_model, dataset.evaluation, threads)
+        outputs = host_qdq_run(qdq_model, dataset.evaluation, threads=threads)
         kpis = compare_quantized(outputs, reference, dataset, task_metric(reference, dataset, reference))
         (out / "kpis.json").write_text(json.dumps(kpis, indent=1, default=float))
 
