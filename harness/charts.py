@@ -106,3 +106,88 @@ def pareto_curve(rows: Sequence[dict], title: str, path: Path, min_sqnr_db: floa
     fig.suptitle(title, fontsize=10)
     fig.savefig(path, format="png")
     return Path(path)
+
+
+def _shade_idle(ax, samples) -> None:
+    idle = [s.t_s for s in samples if s.phase == "idle"]
+    if idle:
+        ax.axvspan(min(idle), 0.0, color="#dddddd", alpha=0.6, label="idle (model loaded)")
+
+
+def soak_chart(windows: Sequence, samples: Sequence, trips: Sequence, title: str, path: Path,
+               onset_s: float | None = None, zones: int = 3) -> Path:
+    """Write latency per window (p50 and p90, left axis) with the hottest zones' temperatures against time
+    (right axis, trip points dashed, throttling onset marked); return path."""
+    fig = _figure(9, 4.5)
+    ax = fig.add_subplot()
+    timed = [w for w in windows if w.p50_ms is not None]
+    if timed:
+        edges = [w.t_start_s for w in timed] + [timed[-1].t_end_s]
+        ax.stairs([w.p50_ms for w in timed], edges, color="#3572a5", linewidth=2, label="p50 per window")
+        ax.stairs([w.p90_ms for w in timed], edges, color="#3572a5", linestyle=":", label="p90 per window")
+    ax.set_xlabel("time since the soak started (s)")
+    ax.set_ylabel("latency per inference (ms)")
+    if onset_s is not None:
+        ax.axvline(onset_s, color="#c0392b", linewidth=1.5, label=f"throttling onset {onset_s:g} s")
+    handles, labels = ax.get_legend_handles_labels()
+    peaks: dict[str, float] = {}
+    for s in samples:
+        for z, t in s.temps_c.items():
+            peaks[z] = max(peaks.get(z, t), t)
+    shown = sorted(peaks, key=peaks.get, reverse=True)[:zones]
+    if shown:
+        tx = ax.twinx()
+        colors = ["#e67e22", "#8e44ad", "#16a085", "#7f8c8d"]
+        for color, zone in zip(colors, shown):
+            points = [(s.t_s, s.temps_c[zone]) for s in samples if zone in s.temps_c]
+            tx.plot([p[0] for p in points], [p[1] for p in points], color=color, linewidth=1, label=f"{zone} °C")
+            for trip in trips:
+                if trip.zone == zone:
+                    tx.axhline(trip.temp_c, color=color, linestyle="--", linewidth=0.8,
+                               label=f"{zone} trip {trip.temp_c:g} °C ({trip.type})")
+        tx.set_ylabel("temperature (°C)")
+        more_h, more_l = tx.get_legend_handles_labels()
+        handles, labels = handles + more_h, labels + more_l
+    ax.set_title(title, fontsize=10)
+    ax.legend(handles, labels, fontsize=7, loc="upper left")
+    fig.savefig(path, format="png")
+    return Path(path)
+
+
+def power_chart(samples: Sequence, idle_power_w: float | None, title: str, path: Path) -> Path:
+    """Write the device's power against time (idle phase shaded, its mean drawn); return path."""
+    fig = _figure(9, 3.5)
+    ax = fig.add_subplot()
+    points = [(s.t_s, s.power_w) for s in samples if s.power_w is not None]
+    _shade_idle(ax, samples)
+    ax.plot([p[0] for p in points], [p[1] for p in points], color="#2e8b57", marker=".", linewidth=1,
+            label="power (|current_now| x voltage_now)")
+    if idle_power_w is not None:
+        ax.axhline(idle_power_w, color="#7f8c8d", linestyle="--", label=f"idle mean {idle_power_w:.3g} W")
+    ax.set_xlabel("time since the measured run started (s)")
+    ax.set_ylabel("power (W)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    fig.savefig(path, format="png")
+    return Path(path)
+
+
+def concurrency_bars(rows: Sequence[dict], title: str, path: Path) -> Path:
+    """Write solo against concurrent p50 latency per session as grouped bars; return path."""
+    fig = _figure(max(5, 1.2 * len(rows) + 2), 3.8)
+    ax = fig.add_subplot()
+    xs = list(range(len(rows)))
+    solo = [r["solo_p50_ms"] or 0 for r in rows]
+    conc = [r["concurrent_p50_ms"] or 0 for r in rows]
+    ax.bar([x - 0.2 for x in xs], solo, width=0.4, color="#3572a5", label="solo p50")
+    bars = ax.bar([x + 0.2 for x in xs], conc, width=0.4, color="#e67e22", label="concurrent p50")
+    for bar, r in zip(bars, rows):
+        if r.get("latency_degradation"):
+            ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(), f"x{r['latency_degradation']:.2f}",
+                    ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(xs, [f"#{r['session']} {r['model']}" for r in rows], fontsize=8)
+    ax.set_ylabel("latency per inference (ms)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    fig.savefig(path, format="png")
+    return Path(path)

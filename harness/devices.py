@@ -28,17 +28,38 @@ class _Strict(BaseModel):
 class SocThermal(_Strict):
     """Parameters of the emulator's thermal and power model of a SoC (a model, not measurements).
 
-    See harness/emulator/thermal.py: idle/load power drive two first-order RC nodes (die, skin).
+    See harness/emulator/thermal.py: power from the device runner's NPU busy fraction drives two
+    first-order RC nodes (die, skin); the emulated HTP throttles above a trip point with hysteresis;
+    Android's thermal status comes from the hottest zone.
     """
 
     ambient_c: float = 25.0
-    idle_power_w: float = Field(0.9, ge=0)
-    load_power_w: float = Field(5.0, ge=0)
-    r_die_c_per_w: float = Field(9.0, gt=0, description="die-to-ambient thermal resistance, °C/W")
-    c_die_j_per_c: float = Field(2.2, gt=0, description="die heat capacity, J/°C")
-    r_skin_c_per_w: float = Field(5.0, gt=0)
-    c_skin_j_per_c: float = Field(36.0, gt=0)
+    idle_power_w: float = Field(1.0, ge=0, description="SoC power with the NPU idle, W")
+    load_power_w: float = Field(6.6, ge=0, description="SoC power with the NPU fully busy at full clocks, W")
+    r_die_c_per_w: float = Field(12.0, gt=0, description="die-to-ambient thermal resistance, °C/W")
+    c_die_j_per_c: float = Field(1.5, gt=0, description="die heat capacity, J/°C")
+    r_skin_c_per_w: float = Field(4.0, gt=0)
+    c_skin_j_per_c: float = Field(45.0, gt=0)
     battery_voltage_v: float = Field(3.87, gt=0)
+    throttle_trip_c: float = Field(95.0, description="NPU zone temperature at which the emulated HTP throttles, °C")
+    throttle_clear_c: float = Field(85.0, description="throttling stops below this NPU zone temperature, °C")
+    throttle_factor: float = Field(2.0, ge=1, description="NPU work takes this many times longer while throttled")
+    status_light_margin_c: float = Field(5.0, ge=0, description="status LIGHT from this far below the trip, °C")
+    status_severe_c: float = Field(100.0, description="thermal status SEVERE from this hottest-zone temperature, °C")
+    status_critical_c: float = Field(110.0, description="thermal status CRITICAL from, °C")
+    status_emergency_c: float = Field(112.0, description="thermal status EMERGENCY from, °C")
+    status_shutdown_c: float = Field(115.0, description="thermal status SHUTDOWN from (also the critical trip), °C")
+
+    @model_validator(mode="after")
+    def _check_thresholds(self) -> "SocThermal":
+        if not self.throttle_clear_c < self.throttle_trip_c:
+            raise ValueError(f"thermal: throttle_clear_c ({self.throttle_clear_c:g}) must be below "
+                             f"throttle_trip_c ({self.throttle_trip_c:g})")
+        ladder = [self.status_severe_c, self.status_critical_c, self.status_emergency_c, self.status_shutdown_c]
+        if ladder != sorted(ladder):
+            raise ValueError("thermal: status thresholds must rise: status_severe_c <= status_critical_c <= "
+                             "status_emergency_c <= status_shutdown_c")
+        return self
 
 
 class SocSpec(_Strict):

@@ -18,6 +18,10 @@ class Limit:
     minimum: float | None = None
     maximum: float | None = None
     marginal: float = 0.01
+    # False: a missing value (the device has no such reading) leaves the limit *not evaluated*, which
+    # neither passes nor fails the step; True: a missing value fails.
+    required: bool = True
+    detail: str = ""  # what the value refers to (e.g. the zone of a temperature), shown in the verdict
 
     def __str__(self) -> str:
         parts = []
@@ -33,7 +37,7 @@ class Limit:
     def check(self, value: float) -> "Verdict":
         """Return whether value meets this limit, and whether it is marginal."""
         if value is None or (isinstance(value, float) and math.isnan(value)):
-            return Verdict(self, value, False, False)
+            return Verdict(self, value, not self.required, False, evaluated=False)
         ok = ((self.minimum is None or value >= self.minimum)
               and (self.maximum is None or value <= self.maximum))
         marginal = ok and any(b is not None and abs(value - b) <= self._band(b)
@@ -49,13 +53,17 @@ class Verdict:
     value: float
     passed: bool
     marginal: bool
+    evaluated: bool = True
 
     def __str__(self) -> str:
+        detail = f" ({self.limit.detail})" if self.limit.detail else ""
+        if not self.evaluated and not self.limit.required:
+            return f"NOT EVALUATED: {self.limit.kpi} has no value{detail}, rule {self.limit}"
         state = "PASS" if self.passed else "FAIL"
         if self.marginal:
             state += " (marginal)"
         value = f"{self.value:.6g}" if isinstance(self.value, (int, float)) else str(self.value)
-        return f"{state}: {self.limit.kpi} = {value}, rule {self.limit}"
+        return f"{state}: {self.limit.kpi} = {value}{detail}, rule {self.limit}"
 
 
 def check_all(kpis: dict, limits: list[Limit]) -> list[Verdict]:

@@ -35,6 +35,18 @@ class Thresholds(BaseModel):
     latency_budget_ms: float | None = Field(None, gt=0, allow_inf_nan=False, strict=True,
                                             description="on-device latency budget (profile step), ms")
     max_promoted_tensors: int = Field(8, ge=0, description="most activations mixed precision may promote to 16-bit")
+    # Step 7, validation (harness/steps/sustained.py, energy.py, concurrency.py)
+    min_stability_pct: float = Field(30.0, ge=0, le=100, description="sustained: worst window throughput / best, %")
+    max_temp_c: float = Field(100.0, description="sustained: hottest thermal zone, °C (Qualcomm's HAL: NPU SEVERE at 100)")
+    max_skin_temp_c: float = Field(45.0, description="sustained: hottest skin/board zone, °C")
+    throttling_margin: float = Field(0.15, gt=0, description="sustained: a window's p50 this much above the first "
+                                                             "window's marks throttling onset")
+    cooldown_margin_c: float = Field(3.0, gt=0, description="cooldown: within this many °C of the idle temperature")
+    max_energy_per_inference_mj: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                                      description="energy: above-idle energy per inference, mJ")
+    max_latency_degradation: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                                  description="concurrency: concurrent p50 / solo p50 per session "
+                                                              "(default 1.5 x the session count)")
 
 
 class _SpecFile(BaseModel):

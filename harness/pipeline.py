@@ -22,6 +22,7 @@ from harness.models import ModelSpec
 from harness.runner.client import DeviceRunner
 from harness.steps import context_binary, conversion, feasibility, float_baseline, profile, ptq, runtime
 from harness.steps import error_isolation, mixed_precision, promotion, sweep
+from harness.steps import concurrency, energy, sustained, validation_accuracy
 from harness.steps.context_binary import ContextBinary
 from harness.steps.inference import host_reference
 from harness.steps.report import StepReport
@@ -64,11 +65,15 @@ class Onboarding:
     """Artifacts and step reports for one Target, computed on demand."""
 
     def __init__(self, target: Target, runner: DeviceRunner, cache: ArtifactCache,
-                 accuracy: "sweep.AccuracyOptions | None" = None) -> None:
+                 accuracy: "sweep.AccuracyOptions | None" = None,
+                 validation: "ValidationOptions | None" = None) -> None:
+        from harness.validation import ValidationOptions
+
         self.target = target
         self.runner = runner
         self.cache = cache
         self.accuracy = accuracy or sweep.AccuracyOptions()
+        self.validation = validation or ValidationOptions()
         self.recipe = ptq.QuantRecipe()
         if self.accuracy.encodings:  # --quantization-overrides: PTQ quantizes with the given encodings
             self.recipe = replace(self.recipe, encodings=self.accuracy.encodings,
@@ -279,3 +284,59 @@ class Onboarding:
     def runtime(self) -> StepReport:
         """Step 6 report."""
         return runtime.runtime(self.context_artifact(), self.dataset().evaluation, self.runner)
+
+    # ------------------------------------------------------------------ Step 7, validation
+
+    def _run_dir(self, step: str) -> Path:
+        return self.cache.root / "runs" / self.target.id / step
+
+    @property
+    def _label(self) -> str:
+        return f"{self.target.device.id} x {self.target.model.name}"
+
+    @property
+    def telemetry_source(self) -> str:
+        """'emulated' on the harness's emulated devices, 'measured' on real ones."""
+        return getattr(self.runner.transport, "telemetry_source", "measured")
+
+    @memoized
+    def validation_accuracy(self) -> StepReport:
+        """Step 7 report: the deployable context binary on the device over the whole evaluation set."""
+        data = self.full_dataset()
+        reference = host_reference(self.converted_model(), data.evaluation, self.cache)
+        deployed = "ptq" if self.deployable_model() == self.qdq_model() else "mixed_precision"
+        return validation_accuracy.validation_accuracy(self.context_artifact(), data, reference, self.runner,
+                                                       self.thresholds, deployed)
+
+    @memoized
+    def sustained(self) -> StepReport:
+        """Step 7 report: cooldown, then a soak of the context binary with per-window latency and thermals."""
+        cost = self.inference_cost()
+        return sustained.sustained(self.context_artifact(), self.dataset().evaluation, self.runner, self.thresholds,
+                                   self.validation.soak(self.telemetry_source), self._run_dir("sustained"),
+                                   self._label, inference_s=cost.inference_s if cost is not None else None)
+
+    @memoized
+    def energy(self) -> StepReport:
+        """Step 7 report: idle power, then power over a fixed number of inferences; energy per inference."""
+        lengths = self.validation.lengths(self.telemetry_source)
+        count, reason = self.validation.energy_inferences, "--energy-inferences"
+        if count is None:
+            per_inference_s = energy.warm_inference_s(self.runner, self.context_artifact().model,
+                                                      self.dataset().evaluation[0])
+            count = energy.size_inferences(per_inference_s, lengths.energy_target_s)
+            reason = (f"{count} inferences: about {lengths.energy_target_s:g} s at {per_inference_s * 1000:.3g} ms "
+                      "per warm inference of the context binary (a short probe run); --energy-inferences sets it")
+        options = energy.EnergyOptions(count, lengths.energy_idle_s, lengths.energy_interval_s, reason)
+        return energy.energy(self.context_artifact(), self.dataset().evaluation, self.runner, self.thresholds,
+                             options, self._run_dir("energy"), self._label)
+
+    def concurrency(self, others: "list[Onboarding]" = ()) -> StepReport:
+        """Step 7 report: sessions of this model (and of `others`, the run's other models on this device) at
+        once on the device's HTP against each model's solo latency."""
+        plans = [(self.target.model.name, self.context_artifact().model, self.dataset().evaluation)]
+        for other in others:
+            plans.append((other.target.model.name, other.context_artifact().model, other.dataset().evaluation))
+        return concurrency.concurrency(plans, self.runner, self.thresholds,
+                                       self.validation.concurrency(self.telemetry_source),
+                                       self._run_dir("concurrency"), self._label)

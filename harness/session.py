@@ -59,7 +59,12 @@ class DevicePool:
             except HarnessError as e:
                 self.mark_failed(device.id, f"connecting failed: {str(e).splitlines()[0]}")
                 raise
-            self._runners[device.id] = DeviceRunner(transport)
+            runner = DeviceRunner(transport)
+            if device.telemetry.enabled:  # the device's idle temperatures, before any work (cooldown's reference)
+                from harness.cooldown import read_temps
+
+                runner.idle_temps_c = read_temps(transport)
+            self._runners[device.id] = runner
         return self._runners[device.id]
 
     def mark_failed(self, device_id: str, reason: str) -> None:
@@ -104,6 +109,18 @@ class HarnessSession:
     kpi_json: Path | None = None
     records: list[StepRecord] = field(default_factory=list)
     accuracy: Any = None  # harness.steps.sweep.AccuracyOptions, set by harness.plugin.accuracy
+    validation: Any = None  # harness.validation.ValidationOptions, set by harness.plugin.validation
+    onboardings: dict[str, Any] = field(default_factory=dict)
+
+    def onboarding(self, target: Target):  # type: ignore[no-untyped-def]
+        """Return the Onboarding pipeline of target (one per target in the session; connects the device)."""
+        from harness.pipeline import Onboarding
+
+        if target.id not in self.onboardings:
+            runner = self.pool.runner(target.device, self.devices)
+            self.onboardings[target.id] = Onboarding(target, runner, self.cache, accuracy=self.accuracy,
+                                                     validation=self.validation)
+        return self.onboardings[target.id]
 
     def write_kpi_json(self) -> None:
         """Write the records to --kpi-json atomically (no-op without the option)."""

@@ -68,6 +68,9 @@ class Sample:
     temps_c: dict[str, float]
     current_ua: int | None = None
     voltage_uv: int | None = None
+    phase: str = ""  # a device-side soak's phase: "idle" (model loaded, no inference) or "soak"
+    battery_status: str | None = None  # the battery's `status`: Charging, Discharging, Full, Not charging
+    thermal_status: int | None = None  # Android's thermal status (dumpsys thermalservice), 0 NONE .. 6 SHUTDOWN
 
     @property
     def power_w(self) -> float | None:
@@ -122,16 +125,30 @@ def is_temperature(zone_type: str) -> bool:
     return not _NOT_TEMPERATURE.search(zone_type)
 
 
+def _grep_lines(stdout: str) -> list[tuple[str, str]]:
+    """Return the (name, value) pairs of `grep -H ""` output lines ("name:value")."""
+    pairs = []
+    for line in stdout.splitlines():
+        name, sep, value = line.partition(":")
+        if sep:
+            pairs.append((name, value.strip()))
+    return pairs
+
+
+def zone_keys(types: dict[str, str]) -> dict[str, str]:
+    """Return the reported name per thermal_zone directory: its type, or type@zone where types repeat."""
+    counts: dict[str, int] = {}
+    for zone_type in types.values():
+        counts[zone_type] = counts.get(zone_type, 0) + 1
+    return {zone: (t if counts[t] <= 1 else f"{t}@{zone}") for zone, t in types.items()}
+
+
 def parse_sample(stdout: str) -> tuple[dict[str, float], int | None, int | None]:
     """Return (°C per zone name, current_now µA, voltage_now µV) from the sample command's output."""
     types: dict[str, str] = {}
     temps: dict[str, int] = {}
     power: dict[str, int] = {}
-    for line in stdout.splitlines():
-        name, sep, value = line.partition(":")
-        if not sep:
-            continue
-        value = value.strip()
+    for name, value in _grep_lines(stdout):
         if name.startswith("thermal_zone") and "/" in name:
             zone, _, leaf = name.partition("/")
             if leaf == "type":
@@ -140,17 +157,59 @@ def parse_sample(stdout: str) -> tuple[dict[str, float], int | None, int | None]
                 temps[zone] = int(value)
         elif name in ("current_now", "voltage_now") and _is_int(value):
             power[name] = int(value)
+    keys = zone_keys({zone: types.get(zone, zone) for zone in temps})
     result: dict[str, float] = {}
-    counts: dict[str, int] = {}
-    for zone_type in types.values():
-        counts[zone_type] = counts.get(zone_type, 0) + 1
     for zone in sorted(temps, key=_zone_number):
-        zone_type = types.get(zone, zone)
-        if not is_temperature(zone_type):
-            continue
-        key = zone_type if counts.get(zone_type, 0) <= 1 else f"{zone_type}@{zone}"
-        result[key] = temps[zone] / 1000.0
+        if is_temperature(types.get(zone, zone)):
+            result[keys[zone]] = temps[zone] / 1000.0
     return result, power.get("current_now"), power.get("voltage_now")
+
+
+def parse_battery_status(stdout: str) -> str | None:
+    """Return the battery's `status` line (Charging, Discharging, Full, Not charging) from sample output."""
+    return next((value for name, value in _grep_lines(stdout) if name == "status" and value), None)
+
+
+@dataclass(frozen=True)
+class TripPoint:
+    """A thermal zone's trip point as the kernel reports it (trip_point_N_temp / _type)."""
+
+    zone: str
+    temp_c: float
+    type: str
+
+
+def parse_trips(stdout: str) -> list[TripPoint]:
+    """Return the trip points in `thermal_zone*/type` and `trip_point_*` lines, zones named as parse_sample."""
+    types: dict[str, str] = {}
+    trips: dict[tuple[str, str], dict[str, str]] = {}
+    for name, value in _grep_lines(stdout):
+        zone, _, leaf = name.partition("/")
+        if leaf == "type":
+            types[zone] = value
+        elif (m := re.fullmatch(r"trip_point_(\d+)_(temp|type)", leaf)):
+            trips.setdefault((zone, m.group(1)), {})[m.group(2)] = value
+    keys = zone_keys({zone: types.get(zone, zone) for zone in {z for z, _ in trips} | set(types)})
+    result = []
+    for (zone, _), trip in sorted(trips.items(), key=lambda kv: (_zone_number(kv[0][0]), int(kv[0][1]))):
+        if _is_int(trip.get("temp", "")) and is_temperature(types.get(zone, zone)):
+            result.append(TripPoint(keys[zone], int(trip["temp"]) / 1000.0, trip.get("type", "")))
+    return result
+
+
+_SKIN = re.compile(r"(skin|sys-therm|quiet-therm|xo-therm|back-therm|case)", re.IGNORECASE)
+
+
+def zone_kind(name: str) -> str:
+    """Return 'npu', 'cpu', 'gpu', 'skin' or 'other' for a zone name (Qualcomm's naming)."""
+    lowered = name.lower()
+    if lowered.startswith("nsp") or "npu" in lowered or lowered.startswith("cdsp"):
+        return "npu"
+    if lowered.startswith("cpu"):
+        return "cpu"
+    if lowered.startswith("gpu"):
+        return "gpu"
+    return "skin" if _SKIN.search(lowered) else "other"
 
 
 def summarize(samples: list[Sample], source: str, interval_s: float, errors: list[str] | None = None
@@ -172,17 +231,21 @@ def summarize(samples: list[Sample], source: str, interval_s: float, errors: lis
 
 
 def samples_csv(samples: list[Sample]) -> str:
-    """Return the samples as CSV: t_s, unix_time_s, one °C column per zone, current_ua, voltage_uv, power_w."""
+    """Return the samples as CSV: t_s, unix_time_s, one °C column per zone, current_ua, voltage_uv, power_w
+    (and phase, battery_status, thermal_status where any sample has them)."""
     zones: list[str] = []
     for s in samples:
         zones.extend(z for z in s.temps_c if z not in zones)
+    extra = [name for name in ("phase", "battery_status", "thermal_status")
+             if any(getattr(s, name) not in (None, "") for s in samples)]
     buf = io.StringIO()
     writer = csv.writer(buf)
-    writer.writerow(["t_s", "unix_time_s", *(f"{z}_c" for z in zones), "current_ua", "voltage_uv", "power_w"])
+    writer.writerow(["t_s", "unix_time_s", *(f"{z}_c" for z in zones), "current_ua", "voltage_uv", "power_w", *extra])
     for s in samples:
         power = s.power_w
         writer.writerow([f"{s.t_s:.3f}", f"{s.unix_time_s:.3f}", *(_cell(s.temps_c.get(z)) for z in zones),
-                         _cell(s.current_ua), _cell(s.voltage_uv), "" if power is None else f"{power:.4f}"])
+                         _cell(s.current_ua), _cell(s.voltage_uv), "" if power is None else f"{power:.4f}",
+                         *(_cell(getattr(s, name)) for name in extra)])
     return buf.getvalue()
 
 
@@ -301,5 +364,5 @@ def _round(value: float | None, ndigits: int) -> float | None:
     return None if value is None else round(value, ndigits)
 
 
-def _cell(value: float | int | None) -> str:
+def _cell(value: float | int | str | None) -> str:
     return "" if value is None else (f"{value:.3f}" if isinstance(value, float) else str(value))

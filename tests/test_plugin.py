@@ -31,9 +31,12 @@ def by_step(records):
     return {r["step"]: r for r in records}
 
 
+SHORT_VALIDATION = ["--soak-duration", "12", "--cooldown-max-s", "20", "--energy-inferences", "300"]
+
+
 def test_default_run_onboards_the_zoo_model_and_writes_kpis(run_suites, pytester):
     alluredir = pytester.path / "allure"
-    result, records = run_suites("--device", "sm8650", "--alluredir", str(alluredir))
+    result, records = run_suites("--device", "sm8650", "--alluredir", str(alluredir), *SHORT_VALIDATION)
     result.assert_outcomes(passed=ALL_STEPS)
     steps = by_step(records)
     assert list(steps)[:4] == list(SPINE_STEPS) and len(steps) == ALL_STEPS
@@ -52,6 +55,18 @@ def test_default_run_onboards_the_zoo_model_and_writes_kpis(run_suites, pytester
     assert ("mixed_precision encodings", "application/json") in attached  # the exported QAIRT encodings
     assert ("profile latency_histogram", "image/png") in attached
     assert ("error_isolation KPIs", "application/json") in attached
+    # Step 7 on the emulator: the whole labelled evaluation set, a soak with emulated thermals, energy, concurrency
+    accuracy, soak = steps["validation_accuracy"]["kpis"], steps["sustained"]["kpis"]
+    assert accuracy["samples"] == 360 and accuracy["task_metric_name"] == "top1_accuracy"
+    assert accuracy["task_metric_drop"] <= 0.02 and accuracy["deployed_model"] == "ptq"
+    assert soak["telemetry_source"] == "emulated" and soak["latency_source"] == "simulator" and soak["windows"] >= 2
+    assert soak["max_temp_zone"].startswith("nsph") and soak["thermal_status_max"] is not None
+    assert 0 < soak["stability_pct"] <= 100 and soak["cooldown"]["reason"] in ("reached", "settled", "max_wait")
+    energy, conc = steps["energy"]["kpis"], steps["concurrency"]["kpis"]
+    assert energy["power_source"] == "emulated" and energy["inferences"] == 300 and energy["energy_per_inference_mj"] > 0
+    assert conc["sessions"] == 2 and conc["errors"] == 0 and conc["latency_degradation"] > 0
+    assert ("sustained soak_chart", "image/png") in attached and ("sustained samples_csv", "text/csv") in attached
+    assert ("energy power_chart", "image/png") in attached and ("concurrency latency_chart", "image/png") in attached
 
     again, records = run_suites("--device", "sm8650", *SPINE)
     again.assert_outcomes(passed=4, deselected=ALL_STEPS - 4)

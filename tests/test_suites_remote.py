@@ -12,7 +12,9 @@ import pytest
 from servers import ADB, SSHD, adb_server, emulated_phone, ssh_server, write_devices_file
 
 SUITES = Path(__file__).resolve().parent.parent / "suites"
-SMALL_RUN = ["--min-duration", "0.2", "--min-iterations", "3", "--warmup-iterations", "0"]
+SMALL_RUN = ["--min-duration", "0.2", "--min-iterations", "3", "--warmup-iterations", "0",
+             "--soak-duration", "10", "--cooldown-max-s", "10", "--energy-inferences", "200",
+             "--concurrency-duration", "4"]
 
 
 @pytest.mark.skipif(ADB is None or not Path(SSHD).exists(), reason="needs `adb` and openssh-server")
@@ -41,6 +43,16 @@ def test_every_suite_passes_over_ssh_and_over_adb(pytester, session_cache_dir, t
     adb_ptq = steps["adb-dev"]["ptq"]["kpis"]["telemetry"]
     assert adb_ptq["source"] == "emulated" and adb_ptq["samples"] >= 2 and adb_ptq["max_temp_c"] > 25
     assert adb_ptq["mean_power_w"] > 0
+    # Step 7: the emulated phone's thermal status read with dumpsys thermalservice; the SSH "board" (this host)
+    # has no zones, no battery and no thermal status: null, with its limits not evaluated
+    adb_soak, ssh_soak = steps["adb-dev"]["sustained"]["kpis"], steps["ssh-dev"]["sustained"]["kpis"]
+    assert adb_soak["telemetry_source"] == "emulated" and adb_soak["thermal_status_max"] is not None
+    assert adb_soak["max_temp_zone"].startswith("nsph") and adb_soak["windows"] >= 2
+    assert ssh_soak["telemetry_source"] == "measured" and ssh_soak["thermal_status_max"] is None
+    assert ssh_soak["max_temp_c"] is None and steps["ssh-dev"]["energy"]["kpis"]["energy_per_inference_mj"] is None
+    assert steps["adb-dev"]["energy"]["kpis"]["power_source"] == "emulated"
+    assert steps["adb-dev"]["energy"]["kpis"]["energy_per_inference_mj"] > 0
+    assert all(steps[d]["concurrency"]["kpis"]["errors"] == 0 for d in steps)
     ssh_ptq = steps["ssh-dev"]["ptq"]["kpis"]["telemetry"]
     assert ssh_ptq["source"] == "measured" and ssh_ptq["samples"] >= 2  # no thermal zones on this host
     attachments = [a for p in alluredir.glob("*-result.json") for a in json.loads(p.read_text()).get("attachments", [])]

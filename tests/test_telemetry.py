@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+import sys
 import time
 from pathlib import Path
 
@@ -14,6 +16,7 @@ from harness.telemetry import (Sample, TelemetryPaths, TelemetrySampler, is_temp
                                sample_argv, samples_csv, summarize)
 from harness.transports import open_transport
 from servers import ADB, SSHD, adb_server, emulated_phone, ssh_server
+from test_emulated_thermal import FAKE_RUNNER
 
 
 @pytest.fixture(scope="module")
@@ -38,24 +41,24 @@ def test_model_starts_at_idle_steady_state_and_heats_like_an_rc_circuit():
     clock = FakeClock()
     model = ThermalModel(p, clock)
     assert model.die_c == pytest.approx(25 + 1.0 * 8) and model.skin_c == pytest.approx(25 + 1.0 * 4)
-    model.begin_load()
     tau_s = 8 * 2.5
     clock.t += tau_s
-    model.advance()
+    model.advance(busy_s=tau_s)  # the NPU busy the whole interval: u = 1
     # After one time constant the die covered 1 - 1/e of the way to its loaded steady state.
     assert model.die_c == pytest.approx(33 + (65 - 33) * (1 - math.exp(-1)), rel=1e-6)
     clock.t += 100 * tau_s
-    model.advance()
+    model.advance(busy_s=100 * tau_s)
     assert model.die_c == pytest.approx(25 + 5 * 8, abs=1e-3)
-    model.end_load()
     clock.t += 100 * 200
-    model.advance()
+    model.advance()  # no busy time reported: idle power
     assert model.die_c == pytest.approx(33, abs=1e-3) and model.skin_c == pytest.approx(29, abs=1e-3)
 
 
 def test_battery_power_matches_the_model_power():
-    model = ThermalModel(ThermalParams(load_power_w=6.0, battery_voltage_v=3.9), FakeClock())
-    model.begin_load()
+    clock = FakeClock()
+    model = ThermalModel(ThermalParams(load_power_w=6.0, battery_voltage_v=3.9), clock)
+    clock.t += 1
+    model.advance(busy_s=1.0)
     current_ua, voltage_uv = model.battery()
     assert current_ua < 0 < voltage_uv < 3.9e6
     assert abs(current_ua) * voltage_uv * 1e-12 == pytest.approx(6.0, rel=1e-5)
@@ -75,11 +78,11 @@ def test_sensor_files_are_sysfs_shaped(tmp_path):
     assert [(z / "type").read_text().strip() for z in sorted(zones, key=lambda z: int(z.name[12:]))] == \
         [z.type for z in ZONES]
     idle = int((zones[0] / "temp").read_text())
-    with sensors.load():
-        clock.t += 30
-        sensors.refresh()
-        hot = int((zones[0] / "temp").read_text())
-        current = int((tmp_path / "sys/class/power_supply/battery/current_now").read_text())
+    (sensors.npu_dir / f"busy.{os.getpid()}").write_text("30.0\n")  # a runner busy for the 30 s
+    clock.t += 30
+    sensors.refresh()
+    hot = int((zones[0] / "temp").read_text())
+    current = int((tmp_path / "sys/class/power_supply/battery/current_now").read_text())
     assert 20_000 < idle < hot < 100_000  # millidegrees
     assert current < 0  # discharging
 
@@ -142,19 +145,28 @@ def test_paths_defaults_per_platform(catalog, tmp_path):
 # --------------------------------------------------------------------------- sampling on the emulators
 
 
-def test_sampler_on_the_emulator_sees_the_soc_heat_under_load(catalog, tmp_path):
+def fake_runner(transport, tmp_path: Path) -> list[str]:
+    """Push the stand-in runner (busy the whole time it runs) and return its argv, less the duration."""
+    script = tmp_path / "fake_runner.py"
+    script.write_text(FAKE_RUNNER)
+    transport.push(script, "fake_runner.py")
+    return [sys.executable, "fake_runner.py"]
+
+
+def test_sampler_on_the_emulator_sees_the_soc_heat_under_runner_load(catalog, tmp_path):
     transport = open_transport(EmulatorDevice(id="e", soc="sm8650", transport="emulator"), catalog.soc("sm8650"),
                                tmp_path)
+    runner = fake_runner(transport, tmp_path)
     with TelemetrySampler(transport, interval_s=0.1) as sampler:
         time.sleep(0.25)
-        transport.run(["sleep", "1"], timeout_s=10)
+        transport.run(runner + ["1"], timeout_s=10)
     summary = sampler.summary()
     samples = sampler.samples
     assert summary.source == "emulated" and summary.samples >= 8 and not summary.errors
     assert [s.t_s for s in samples] == sorted(s.t_s for s in samples)
     assert all(s.unix_time_s > 1e9 for s in samples)
     npu = [s.temps_c["nsphvx-0"] for s in samples]
-    assert npu[-1] > npu[0] + 1.0  # about a second at 5.5 W
+    assert npu[-1] > npu[0] + 1.0  # about a second of NPU work at 6.6 W
     params = catalog_params("sm8650")
     assert params.idle_power_w < summary.mean_power_w < params.load_power_w
     assert summary.max_power_w == pytest.approx(params.load_power_w, rel=1e-3)
@@ -166,10 +178,14 @@ def test_sampler_through_adb_on_the_emulated_phone(catalog, tmp_path):
     with adb_server(tmp_path / "adbhome") as adb, emulated_phone(adb, "sm8650", tmp_path / "phone") as phone:
         transport = open_transport(AdbDevice(**phone.device_entry()), catalog.soc("sm8650"), tmp_path)
         try:
+            runner = fake_runner(transport, tmp_path)
             sampler = TelemetrySampler(transport, interval_s=0.1).start()
-            transport.run(["sleep", "0.6"], timeout_s=10)
+            transport.run(runner + ["0.8"], timeout_s=10)
             summary = sampler.stop()
-            idle = TelemetrySampler(transport).sample_once()  # its own shell does not count as load
+            time.sleep(0.3)
+            idle = TelemetrySampler(transport)
+            idle.sample_once()  # takes in the runner's last report (work reported late is carried)
+            idle = idle.sample_once()  # an interval without NPU work: its own shell does not heat
         finally:
             transport.close()
     assert summary.source == "emulated" and summary.samples >= 4 and not summary.errors

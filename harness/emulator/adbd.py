@@ -39,20 +39,21 @@ becomes ``<sandbox>/data/`` etc. Nothing else is rewritten: ``/proc``, ``/system
 bare ``/data`` without the trailing slash keep their host meaning, and paths
 built at run time (``d=/da; ls ${d}ta/``) are not seen. Commands run with cwd
 ``<sandbox>/data/local/tmp`` and with ``<sandbox>/system/bin`` first on PATH,
-where the device's ``getprop`` lives (``getprop`` lists ``[key]: [value]``
+where the device's ``getprop`` and ``dumpsys`` live (``getprop`` lists ``[key]: [value]``
 lines; ``getprop KEY [DEFAULT]`` prints one value). ``ro.harness.emulated`` is ``1``, so
 the harness labels what it reads from this device ``emulated``.
 
-Thermal zones and battery
--------------------------
-``<sandbox>/sys/class/thermal/thermal_zone<N>/{type,temp}`` and
-``<sandbox>/sys/class/power_supply/battery/{current_now,voltage_now}`` are written by the
-SoC's thermal and power model (harness.emulator.thermal, parameters from the SoC catalog):
-the device counts as under load while at least one shell runs, and the files are brought up
-to date before every shell starts (before it counts as load itself) and before every sync
-request on a ``/sys/`` path, so ``cat /sys/class/thermal/...`` reads what a phone's kernel
-would show while the *other* shells run. The sandbox path may only
-contain ``[A-Za-z0-9_./+-]`` so that the rewrite never needs quoting.
+Thermal zones, battery and dumpsys
+----------------------------------
+``<sandbox>/sys/class/thermal/thermal_zone<N>/{type,temp,trip_point_*}``,
+``<sandbox>/sys/class/power_supply/battery/{current_now,voltage_now,status}`` and
+``<sandbox>/system/bin/dumpsys`` (``dumpsys thermalservice``) are written by the SoC's thermal
+and power model (harness.emulator.thermal, parameters from the SoC catalog). Every shell gets
+``HARNESS_EMULATED_NPU_DIR`` (``<sandbox>/dev/harness-npu``, a host path), where the device
+runner reports its NPU busy time: that heats the model, a shell that runs no inference (``cat``,
+``sha256sum``) does not. The files are brought up to date before every shell starts and before
+every sync request on a ``/sys/`` path; the thermal ones also every 0.25 s while a shell runs. The
+sandbox path may only contain ``[A-Za-z0-9_./+-]`` so that the rewrite never needs quoting.
 
 Protocol notes (observed with Debian's adb 29.0.6)
 ---------------------------------------------------
@@ -889,7 +890,8 @@ class EmulatedAdbDevice:
         return f"{self.host}:{self.port}"
 
     def prepare_sandbox(self) -> None:
-        """Create the sandbox layout and write `system/bin/getprop`."""
+        """Create the sandbox layout, write `system/bin/getprop` and start the sensors (which write
+        `system/bin/dumpsys` and the sysfs files)."""
         for rel in SANDBOX_DIRS:
             (self._sandbox / rel).mkdir(parents=True, exist_ok=True)
         getprop = self._sandbox / "system/bin/getprop"
@@ -904,6 +906,7 @@ class EmulatedAdbDevice:
             self.sensors.refresh()
 
     def _shell_started(self) -> None:
+        """Mark a shell as running (the sensors refresh in the background until the last ends)."""
         if self.sensors is not None:
             self.sensors.begin_load()
 
@@ -992,6 +995,8 @@ class EmulatedAdbDevice:
     def _spawn_shell(self, request: ShellRequest) -> subprocess.Popen[bytes]:
         env = dict(os.environ)
         env["PATH"] = f"{self._sandbox / 'system/bin'}{os.pathsep}{env.get('PATH', os.defpath)}"
+        if self.sensors is not None:
+            env.update(self.sensors.environment())  # HARNESS_EMULATED_NPU_DIR
         if request.term:
             env["TERM"] = request.term
         command = rewrite_device_paths(request.command, self._sandbox)

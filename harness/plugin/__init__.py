@@ -18,7 +18,8 @@ import pytest
 from harness.errors import HarnessError
 
 # Fixtures and options of the later onboarding steps live in sibling modules, one per area.
-pytest_plugins: list[str] = ["harness.plugin.performance", "harness.plugin.accuracy", "harness.plugin.devices"]
+pytest_plugins: list[str] = ["harness.plugin.performance", "harness.plugin.accuracy", "harness.plugin.devices",
+                             "harness.plugin.validation"]
 
 T = TypeVar("T")
 SESSION_KEY = pytest.StashKey["HarnessSession"]()
@@ -225,13 +226,10 @@ def target(request: pytest.FixtureRequest):
 @pytest.fixture(scope="session")
 def onboarding(target, harness_session):
     """The Onboarding pipeline for this target: memoised artifacts and step reports."""
-    from harness.pipeline import Onboarding
-
     try:
-        runner = harness_session.pool.runner(target.device, harness_session.devices)
+        return harness_session.onboarding(target)
     except HarnessError as e:
         pytest.fail(f"device {target.device.id}: {e}", pytrace=False)
-    return Onboarding(target, runner, harness_session.cache, accuracy=harness_session.accuracy)
 
 
 @pytest.fixture(scope="session")

@@ -142,6 +142,20 @@ def latency_source(runtime: str, machine: str | None) -> str:
     return "host-cpu" if on_x86 else "device-cpu"
 
 
+@dataclass(frozen=True)
+class SoakSpec:
+    """A soak run: duration_s seconds (or exactly `iterations` inferences), statistics per window_s, and
+    telemetry sampled on the device every telemetry_interval_s (0: none) after idle_s seconds idle."""
+
+    duration_s: float = 0.0
+    iterations: int = 0
+    window_s: float = 5.0
+    telemetry_interval_s: float = 0.0
+    idle_s: float = 0.0
+    warmup: int = 1
+    thermal_status: bool = True  # read Android's thermal status with each sample (dumpsys: costly on a phone)
+
+
 @dataclass
 class RunResult:
     """Outputs of a runner invocation, one dict per input line, plus its report."""
@@ -166,6 +180,11 @@ class RunResult:
         """Where this run's timings come from: 'simulator', 'device', 'host-cpu', 'device-cpu' or
         'unknown' (see latency_source())."""
         return latency_source(self.runtime, self.machine)
+
+
+def remote_model_path(model: Path) -> str:
+    """Return where push_model puts model on the device, relative to the work directory (keyed by content)."""
+    return f"models/{sha256_file(Path(model))[:16]}/{Path(model).name}"
 
 
 def input_paths(feeds: list[Feed]) -> list[list[tuple[str, str]]]:
@@ -210,6 +229,7 @@ class DeviceRunner:
         self._deployed = False
         self._platform: tuple[str | None, str | None] | None = None  # the device's (machine, system)
         self._qnn_net_run = None  # harness.transports.adb.QnnNetRun, once deployed
+        self.idle_temps_c: dict[str, float] = {}  # the device's zones when it connected (harness.cooldown)
 
     def deploy(self) -> None:
         """Push the runner program to the device (skipped when it is already there)."""
@@ -220,9 +240,9 @@ class DeviceRunner:
     def push_model(self, model: Path) -> str:
         """Push a model (and its external-data or context-binary siblings); return its remote path."""
         model = Path(model)
-        digest = sha256_file(model)[:16]
-        remote_dir = f"models/{digest}"
-        self.transport.push(model, f"{remote_dir}/{model.name}")
+        remote = remote_model_path(model)
+        remote_dir = posixpath.dirname(remote)
+        self.transport.push(model, remote)
         for sibling in model.parent.glob(model.stem + "*"):
             if sibling != model and sibling.suffix in {".bin", ".data"}:
                 self.transport.push(sibling, f"{remote_dir}/{sibling.name}")
@@ -267,15 +287,69 @@ class DeviceRunner:
                                  placement_only=placement_only, profiling_level=profiling_level, warmup=warmup,
                                  min_iterations=min_iterations, min_duration_s=min_duration_s,
                                  intra_op_threads=intra_op_threads)
+        return self._execute(model, runtime, argv, None if placement_only else feeds, keep_dir)
+
+    def soak(self, model: Path, feeds: list[Feed], spec: "SoakSpec", runtime: str = "htp") -> RunResult:
+        """Run model over feeds for spec's duration or iteration count in one runner process (after
+        spec.warmup untimed runs and the outputs pass), with per-window statistics and, when
+        spec.telemetry_interval_s > 0, the device's thermal zones, battery and thermal status sampled on the
+        runner's own clock (RunResult.report['soak'], ['telemetry'], ['iteration_end_s'])."""
+        from harness.telemetry import TelemetryPaths
+
+        self._refuse_without_python("a soak")
+        argv = self._runner_argv(model, runtime, allow_cpu_fallback=False, placement_only=False,
+                                 profiling_level="off", warmup=spec.warmup, min_iterations=0, min_duration_s=0.0,
+                                 intra_op_threads=0)
+        argv += ["--window_s", repr(float(spec.window_s))]
+        argv += (["--soak_iterations", str(spec.iterations)] if spec.iterations
+                 else ["--soak_duration", repr(float(spec.duration_s))])
+        if spec.telemetry_interval_s > 0:
+            paths = TelemetryPaths.for_transport(self.transport)
+            argv += ["--telemetry_interval", repr(float(spec.telemetry_interval_s)), "--idle_s", repr(float(spec.idle_s)),
+                     "--thermal_dir", paths.thermal_dir, "--power_supply", paths.power_supply or "",
+                     "--thermal_status",
+                     "dumpsys" if spec.thermal_status and self.transport.platform == "android" else "none"]
+        budget_s = spec.duration_s + spec.idle_s + (spec.iterations * 60.0 if spec.iterations else 0.0)
+        return self._execute(model, runtime, argv, feeds, None, timeout_s=max(self.timeout_s, budget_s + 300.0))
+
+    def concurrent(self, plans: list[tuple[Path, list[Feed]]], sessions: int, duration_s: float,
+                   solo_duration_s: float, mode: str = "threads") -> RunResult:
+        """Run `sessions` sessions at once on the device's HTP, round-robin over plans' (model, feeds), for
+        duration_s, after each model ran alone for solo_duration_s (RunResult.report['concurrency'])."""
+        self._refuse_without_python("a concurrency run")
+        (model, feeds), others = plans[0], plans[1:]
+        argv = self._runner_argv(model, "htp", allow_cpu_fallback=False, placement_only=False,
+                                 profiling_level="off", warmup=0, min_iterations=0, min_duration_s=0.0,
+                                 intra_op_threads=0)
+        with tempfile.TemporaryDirectory(prefix="harness-also-") as tmp:
+            for k, (other, other_feeds) in enumerate(others):
+                argv += ["--also", self.push_model(other), self.push_feeds(other_feeds, Path(tmp) / str(k))]
+        argv += ["--sessions", str(sessions), "--concurrent_duration", repr(float(duration_s)),
+                 "--solo_duration", repr(float(solo_duration_s)), "--concurrency_mode", mode]
+        budget_s = duration_s + solo_duration_s * len(plans) + 60.0 * sessions
+        return self._execute(model, "htp", argv, feeds, None, timeout_s=max(self.timeout_s, budget_s + 300.0))
+
+    def _refuse_without_python(self, what: str) -> None:
+        """Raise RunnerError when the device runs qnn-net-run, which has no such mode."""
+        if self.transport.runner_kind == "qnn-net-run":
+            from harness.runner.qnn_net_run import PYTHON_ENTRY_HINT
+
+            raise RunnerError(f"device {self.transport.device_id} runs Qualcomm's qnn-net-run (no `python:` in its "
+                              f"devices.yaml entry), which cannot run {what}; {PYTHON_ENTRY_HINT}",
+                              device=self.transport.device_id)
+
+    def _execute(self, model: Path, runtime: str, argv: list[str], feeds: list[Feed] | None,
+                 keep_dir: Path | None, timeout_s: float | None = None) -> RunResult:
+        """Run the runner argv in a fresh job directory over feeds; return its RunResult (see run())."""
         job = f"jobs/{uuid.uuid4().hex[:12]}"
-        argv += ["--output_dir", f"{job}/out"]
+        argv = [*argv, "--output_dir", f"{job}/out"]
         with tempfile.TemporaryDirectory(prefix="harness-job-") as tmp:
             tmp_dir = Path(tmp)
-            if feeds is not None and not placement_only:
+            if feeds is not None:
                 argv += ["--input_list", self.push_feeds(feeds, tmp_dir / "in")]
             out_dir = tmp_dir / "out"
             try:
-                result = self.transport.run(argv, timeout_s=self.timeout_s)
+                result = self.transport.run(argv, timeout_s=timeout_s or self.timeout_s)
                 report = self._pull_report(f"{job}/out", out_dir, argv, result)
             finally:
                 self.transport.remove(job)
@@ -291,7 +365,7 @@ class DeviceRunner:
                          placement=[NodePlacement(**p) for p in report.get("placement") or []],
                          report=report, workdir=keep_dir,
                          iteration_s=[float(t) for t in report.get("iteration_s") or []],
-                         measured_s=float((report.get("measurement") or {}).get("duration_s", 0.0)),
+                         measured_s=float((report.get("measurement") or report.get("soak") or {}).get("duration_s", 0.0)),
                          peak_rss_mb=report.get("peak_rss_mb"), machine=report.get("machine"),
                          system=report.get("system"))
 

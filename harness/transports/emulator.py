@@ -4,9 +4,13 @@ The device-side runner is executed as a separate process inside the sandbox, exa
 over adb or SSH; only the wire differs.
 
 Like the emulated adb device, the sandbox holds sysfs-shaped thermal and battery files
-(``<sandbox>/sys/class/...``) driven by the SoC's thermal model (harness.emulator.thermal): the
-device counts as under load while a command runs. Command arguments that are device-absolute
-``/sys/`` paths are mapped into the sandbox, so telemetry reads the same paths as on a phone.
+(``<sandbox>/sys/class/...``) and a ``dumpsys`` (``<sandbox>/system/bin``, first on every command's
+PATH: the platform is "android") driven by the SoC's thermal model (harness.emulator.thermal).
+Every command gets ``HARNESS_EMULATED_NPU_DIR``, where the device runner reports its NPU busy
+time; that, not the mere running of a command, heats the model. While a command runs the files
+are refreshed in the background; a telemetry read refreshes them first. Command arguments that
+are device-absolute ``/sys/`` paths are mapped into the sandbox, so telemetry reads the same
+paths as on a phone.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from harness.errors import DeviceTimeoutError, TransportError
 from harness.transports.base import CommandResult, Transport, sha256_file
 
 SYSFS_PREFIX = "/sys/"
+SYSTEM_BIN = "system/bin"
 
 
 class EmulatorTransport(Transport):
@@ -59,6 +64,7 @@ class EmulatorTransport(Transport):
         return self.workdir / rel
 
     def run(self, argv: list[str], timeout_s: float, cwd: str = ".") -> CommandResult:
+        self.sensors.refresh()  # the throttle file is current when the runner starts
         with self.sensors.load():
             return self._exec(argv, timeout_s, cwd)
 
@@ -68,7 +74,7 @@ class EmulatorTransport(Transport):
 
     def _exec(self, argv: list[str], timeout_s: float, cwd: str) -> CommandResult:
         argv = [self._device_arg(str(a)) for a in argv]
-        env = {**os.environ, "HARNESS_DEVICE_ID": self.device_id, "HARNESS_SOC": self.soc.id}
+        env = self._environment()
         start = time.monotonic()
         try:
             proc = subprocess.run(argv, cwd=self._local(cwd), capture_output=True, text=True,
@@ -82,6 +88,13 @@ class EmulatorTransport(Transport):
             raise TransportError(f"cannot start {argv[0]}: {e.strerror}", device=self.device_id,
                                  argv=argv) from None
         return CommandResult(argv, proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start)
+
+    def _environment(self) -> dict[str, str]:
+        """Return the environment of a device command: the host's, the device's ids, the NPU directory,
+        and ``<sandbox>/system/bin`` (dumpsys) first on PATH."""
+        path = os.pathsep.join([str(self.root / SYSTEM_BIN), os.environ.get("PATH", os.defpath)])
+        return {**os.environ, "HARNESS_DEVICE_ID": self.device_id, "HARNESS_SOC": self.soc.id,
+                **self.sensors.environment(), "PATH": path}
 
     def _push_file(self, local: Path, remote: str) -> None:
         dst = self._local(remote)

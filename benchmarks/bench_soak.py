@@ -1,0 +1,118 @@
+"""What does Step 7's soak cost the device? Two ratios, measured side by side in one run.
+
+1. Soak overhead: inferences per second of the device runner's soak (harness.runner.client
+   DeviceRunner.soak, per-window statistics, the emulated-NPU accounting, the device-side telemetry
+   sampler at the sustained step's 0.5 s) against a raw loop of the same context binary in one
+   process (a QNN EP session and `while: session.run`), in A B B A order per round so drifting load
+   hits both alike. Goal: soak / raw >= 97 %.
+2. The telemetry sampler's cost on the device: the same soak with the sampler off, at 0.5 s and at
+   0.1 s: samples per second it achieved, the CPU time its thread used (share of the soak's wall
+   time), and the throughput against the sampler-off soak.
+
+The model is the zoo's digits_cnn, 8-bit, compiled for sm8650 (on this x86-64 host the HTP simulator).
+The emulated device's throttling is disabled here (its trip point is set above any reachable
+temperature): throttling is the device's behaviour, not the harness's overhead.
+
+    python benchmarks/bench_soak.py [--rounds 2] [--seconds 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from harness.cache import DEFAULT_CACHE_DIR, ArtifactCache  # noqa: E402
+from harness.devices import load_devices_file  # noqa: E402
+from harness.model_sources import dataset_for, source_model  # noqa: E402
+from harness.models import ModelSpec  # noqa: E402
+from harness.runner.client import DeviceRunner, SoakSpec  # noqa: E402
+from harness.soak import soak_run  # noqa: E402
+from harness.steps import conversion, ptq  # noqa: E402
+from harness.steps.context_binary import compile_context, host_htp_session  # noqa: E402
+from harness.transports import open_transport  # noqa: E402
+
+
+def raw_loop(ctx_model: Path, soc, feed: dict, seconds: float) -> float:
+    """Run the context binary in this process for `seconds`; return inferences per second."""
+    session = host_htp_session(ctx_model, soc)
+    names = [o.name for o in session.get_outputs()]
+    session.run(names, feed)
+    count, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        session.run(names, feed)
+        count += 1
+    return count / (time.perf_counter() - start)
+
+
+def soak_rate(runner: DeviceRunner, ctx_model: Path, feed: dict, seconds: float, interval_s: float):
+    """Run the device runner's soak; return (inferences per second, the parsed SoakRun)."""
+    run = runner.soak(ctx_model, [feed], SoakSpec(duration_s=seconds, window_s=seconds / 4,
+                                                  telemetry_interval_s=interval_s))
+    soak = soak_run(run, "emulated")
+    return len(soak.iteration_s) / soak.duration_s, soak
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--seconds", type=float, default=8.0)
+    args = parser.parse_args()
+
+    cache = ArtifactCache(Path(DEFAULT_CACHE_DIR).expanduser())
+    devices = load_devices_file(REPO / "devices.yaml")
+    soc = devices.soc("sm8650")
+    spec = ModelSpec(name="digits_cnn", source="zoo")
+    fixed = conversion.fixed_shape_model(source_model(spec, cache), spec, cache)
+    data = dataset_for(spec, fixed, cache)
+    converted = conversion.convert(source_model(spec, cache), fixed, spec, cache).artifacts["model"]
+    ctx = compile_context(ptq.quantize(converted, data.calibration, ptq.QuantRecipe(), cache), soc, cache)
+    feed = data.evaluation[0]
+
+    no_throttle = soc.model_copy(update={"thermal": soc.thermal.model_copy(
+        update={"throttle_trip_c": 500.0, "throttle_clear_c": 490.0, "status_severe_c": 501.0,
+                "status_critical_c": 502.0, "status_emergency_c": 503.0, "status_shutdown_c": 504.0})})
+    with tempfile.TemporaryDirectory(prefix="bench-soak-") as tmp:
+        dev = devices.select(["sm8650-emu"])[0]
+        runner = DeviceRunner(open_transport(dev, no_throttle, Path(tmp)))
+        raw, soaked = [], []
+        for r in range(args.rounds):
+            a = raw_loop(ctx.model, soc, feed, args.seconds)
+            b = soak_rate(runner, ctx.model, feed, args.seconds, 0.5)[0]
+            c = soak_rate(runner, ctx.model, feed, args.seconds, 0.5)[0]
+            d = raw_loop(ctx.model, soc, feed, args.seconds)
+            raw += [a, d]
+            soaked += [b, c]
+            print(f"round {r + 1}: raw {a:.0f} / {d:.0f} inf/s, soak {b:.0f} / {c:.0f} inf/s")
+        ratio = statistics.median(soaked) / statistics.median(raw)
+        print(f"soak overhead: soak {statistics.median(soaked):.0f} inf/s vs raw loop {statistics.median(raw):.0f} "
+              f"inf/s in one process: ratio {ratio:.3f} (goal >= 0.97)")
+
+        print("\ntelemetry sampler on the device (soak of %.0f s each, same order every round):" % args.seconds)
+        rows: dict[str, list] = {"off": [], "0.5 s": [], "0.1 s": []}
+        for _ in range(args.rounds):
+            for label, interval in (("off", 0.0), ("0.5 s", 0.5), ("0.1 s", 0.1)):
+                rows[label].append(soak_rate(runner, ctx.model, feed, args.seconds, interval))
+        base = statistics.median(rate for rate, _ in rows["off"])
+        for label, results in rows.items():
+            rate = statistics.median(r for r, _ in results)
+            if label == "off":
+                print(f"  sampler off: {rate:.0f} inf/s")
+                continue
+            soak = results[-1][1]
+            samples_per_s = len(soak.samples) / soak.duration_s
+            cpu_share = (soak.sampler_cpu_s or 0.0) / soak.duration_s
+            print(f"  sampler every {label}: {samples_per_s:.1f} samples/s, sampler thread CPU "
+                  f"{(soak.sampler_cpu_s or 0) * 1000:.0f} ms ({cpu_share:.2%} of the soak), "
+                  f"throughput {rate:.0f} inf/s = {rate / base:.3f} x sampler off")
+        runner.transport.close()
+
+
+if __name__ == "__main__":
+    main()

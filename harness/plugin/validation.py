@@ -1,0 +1,98 @@
+"""pytest options and fixtures of Step 7, validation: end-to-end accuracy, sustained performance and
+thermals, energy per inference, concurrency. Its suites carry the `validation` marker: `-m "not
+validation"` or `--skip-validation` leaves them out."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.errors import HarnessError
+from harness.plugin import SESSION_KEY, Outcome, _outcome
+from harness.plugin.option_types import bounded
+
+_seconds = bounded(float, 0, "a duration in seconds (0 or more)")
+_positive_seconds = bounded(float, 1e-9, "a duration in seconds (more than 0)")
+_sessions = bounded(int, 1, "a number of sessions (1 or more)")
+_count = bounded(int, 1, "a positive whole number of inferences")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("snapdragon")
+    group.addoption("--soak-duration", type=_positive_seconds, default=None, metavar="SECONDS",
+                    help="sustained step: soak this long (default 60 on emulated devices, 600 on adb/SSH devices; "
+                         "at least one 5 s window)")
+    group.addoption("--cooldown-max-s", type=_seconds, default=None, metavar="SECONDS",
+                    help="sustained step: wait at most this long for the device to cool to idle before the soak "
+                         "(default 90 emulated, 300 on devices; 0: no wait)")
+    group.addoption("--concurrency", type=_sessions, default=2, metavar="N",
+                    help="concurrency step: N sessions at once on the HTP (default 2)")
+    group.addoption("--concurrency-duration", type=_positive_seconds, default=None, metavar="SECONDS",
+                    help="concurrency step: run the sessions together this long (default 10 emulated, 60 on devices; "
+                         "each model first runs alone for up to 3 / 10 s)")
+    group.addoption("--concurrency-mode", choices=["threads", "processes"], default="threads",
+                    help="concurrency step: sessions as threads of one runner process (default) or one process each")
+    group.addoption("--energy-inferences", type=_count, default=None, metavar="N",
+                    help="energy step: inferences to measure (default: about 8 s of them emulated, 30 s on devices)")
+    group.addoption("--skip-validation", action="store_true",
+                    help='leave out Step 7, validation (the same as -m "not validation")')
+
+
+@pytest.hookimpl(trylast=True)  # after the core plugin has made the HarnessSession
+def pytest_configure(config: pytest.Config) -> None:
+    from harness.validation import ValidationOptions
+
+    config.addinivalue_line("markers", "validation: Step 7 (validation) suite; deselect with -m 'not validation'")
+    opt = config.option
+    try:
+        options = ValidationOptions(opt.soak_duration, opt.cooldown_max_s, opt.concurrency, opt.energy_inferences,
+                                    opt.concurrency_duration, opt.concurrency_mode)
+    except HarnessError as e:
+        raise pytest.UsageError(str(e)) from None
+    config.stash[SESSION_KEY].validation = options
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("skip_validation"):
+        return
+    kept = [item for item in items if item.get_closest_marker("validation") is None]
+    if len(kept) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+        items[:] = kept
+
+
+@pytest.fixture(scope="session")
+def validation_accuracy(onboarding, context_binary) -> Outcome:
+    """Step 7 outcome: end-to-end task accuracy of the context binary (needs the compiled binary)."""
+    context_binary.require()
+    return _outcome("validation_accuracy", onboarding.validation_accuracy)
+
+
+@pytest.fixture(scope="session")
+def sustained(onboarding, context_binary) -> Outcome:
+    """Step 7 outcome: cooldown, soak, thermals (needs the compiled binary)."""
+    context_binary.require()
+    return _outcome("sustained", onboarding.sustained)
+
+
+@pytest.fixture(scope="session")
+def energy(onboarding, context_binary) -> Outcome:
+    """Step 7 outcome: energy per inference (needs the compiled binary)."""
+    context_binary.require()
+    return _outcome("energy", onboarding.energy)
+
+
+@pytest.fixture(scope="session")
+def concurrency(onboarding, context_binary, harness_session) -> Outcome:
+    """Step 7 outcome: N sessions at once, with the run's other models on the same device when there are
+    several (those whose context binary builds)."""
+    context_binary.require()
+    others = []
+    for target in harness_session.targets:
+        if target.device.id == onboarding.target.device.id and target.model.name != onboarding.target.model.name:
+            other = harness_session.onboarding(target)
+            try:
+                other.context_artifact()
+            except HarnessError:
+                continue
+            others.append(other)
+    return _outcome("concurrency", lambda: onboarding.concurrency(others))

@@ -1,0 +1,124 @@
+"""What a device-side soak run reports, read on the host: per-window latency, the device's own telemetry
+samples on the runner's clock, and the KPIs Step 7 holds them to.
+
+The runner (harness/runner/device_runner.py, --soak_duration/--soak_iterations) times every iteration,
+groups them into windows, and samples the device's thermal zones, battery and Android thermal status in a
+thread on the same clock; its raw sysfs lines are parsed here with the host's own parsers
+(harness.telemetry), so a phone, a board and the emulators read alike.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.errors import StepError
+from harness.runner.client import RunResult
+from harness.telemetry import (Sample, TripPoint, parse_battery_status, parse_sample, parse_trips, samples_csv,
+                               zone_kind)
+
+ANDROID_THERMAL_STATUS = ("NONE", "LIGHT", "MODERATE", "SEVERE", "CRITICAL", "EMERGENCY", "SHUTDOWN")
+
+
+@dataclass(frozen=True)
+class Window:
+    """Latency statistics of the iterations that ended in one window of the soak."""
+
+    index: int
+    t_start_s: float
+    t_end_s: float
+    iterations: int
+    p50_ms: float | None
+    p90_ms: float | None
+    mean_ms: float | None
+    max_ms: float | None
+    throughput_ips: float | None
+
+
+@dataclass
+class SoakRun:
+    """A soak as the host reads it: windows, every iteration, the device's samples and its trip points."""
+
+    windows: list[Window]
+    iteration_s: list[float]
+    duration_s: float
+    samples: list[Sample] = field(default_factory=list)
+    trips: list[TripPoint] = field(default_factory=list)
+    interval_s: float | None = None
+    sampler_cpu_s: float | None = None
+    errors: list[str] = field(default_factory=list)
+    telemetry_source: str = "measured"  # emulated | measured
+    latency_source: str = "unknown"  # simulator | device | ...
+
+    def phase(self, name: str) -> list[Sample]:
+        """Return the samples taken in one phase ('idle' or 'soak')."""
+        return [s for s in self.samples if s.phase == name]
+
+    def csv(self) -> str:
+        """Return the device's samples as CSV (harness.telemetry.samples_csv)."""
+        return samples_csv(self.samples)
+
+    def windows_csv(self) -> str:
+        """Return the windows as CSV."""
+        names = list(Window.__dataclass_fields__)
+        rows = [",".join(names)]
+        rows += [",".join("" if getattr(w, n) is None else f"{getattr(w, n):.6g}" for n in names) for w in self.windows]
+        return "\n".join(rows) + "\n"
+
+
+def soak_run(run: RunResult, telemetry_source: str) -> SoakRun:
+    """Return the SoakRun of a runner result made with DeviceRunner.soak; StepError when it holds no soak."""
+    report = run.report
+    soak = report.get("soak")
+    if not soak:
+        raise StepError("the device runner reported no soak (an older runner on the device?)")
+    windows = [Window(**{k: w.get(k) for k in Window.__dataclass_fields__}) for w in soak.get("windows") or []]
+    telemetry = report.get("telemetry") or {}
+    static = "\n".join(telemetry.get("static") or [])
+    samples = []
+    for raw in telemetry.get("samples") or []:
+        text = f"{static}\n{raw.get('raw', '')}"
+        temps, current_ua, voltage_uv = parse_sample(text)
+        samples.append(Sample(float(raw["t_s"]), 0.0, temps, current_ua, voltage_uv, phase=raw.get("phase", ""),
+                              battery_status=parse_battery_status(raw.get("raw", "")),
+                              thermal_status=raw.get("thermal_status")))
+    return SoakRun(windows=windows, iteration_s=list(run.iteration_s), duration_s=float(soak.get("duration_s", 0.0)),
+                   samples=samples, trips=parse_trips(static), interval_s=telemetry.get("interval_s"),
+                   sampler_cpu_s=telemetry.get("sampler_cpu_s"), errors=list(telemetry.get("errors") or []),
+                   telemetry_source=telemetry_source, latency_source=run.latency_source)
+
+
+def stability_kpis(windows: list[Window], margin: float) -> dict[str, Any]:
+    """Return stability_pct (worst window throughput / best, %), sustained_to_peak (first window's p50 /
+    last window's: 1.0 keeps its speed, 0.5 runs at half speed at the end) and throttling_onset_s (start of
+    the first window whose p50 is more than `margin` above the first window's; None if none)."""
+    timed = [w for w in windows if w.iterations and w.p50_ms]
+    if not timed:
+        return {"stability_pct": None, "sustained_to_peak": None, "throttling_onset_s": None, "windows": 0}
+    rates = [w.throughput_ips for w in timed if w.throughput_ips]
+    first, last = timed[0], timed[-1]
+    onset = next((w.t_start_s for w in timed[1:] if w.p50_ms > first.p50_ms * (1 + margin)), None)
+    return {"stability_pct": 100.0 * min(rates) / max(rates) if rates else None,
+            "sustained_to_peak": first.p50_ms / last.p50_ms, "throttling_onset_s": onset, "windows": len(timed),
+            "first_window_p50_ms": first.p50_ms, "last_window_p50_ms": last.p50_ms}
+
+
+def thermal_kpis(samples: list[Sample]) -> dict[str, Any]:
+    """Return the hottest zone and its temperature, the hottest skin zone, and the highest thermal status
+    (None where the device gave no such reading)."""
+    hottest = max(((t, z) for s in samples for z, t in s.temps_c.items()), default=None)
+    skin = max(((t, z) for s in samples for z, t in s.temps_c.items() if zone_kind(z) == "skin"), default=None)
+    statuses = [s.thermal_status for s in samples if s.thermal_status is not None]
+    status = max(statuses) if statuses else None
+    return {"max_temp_c": hottest[0] if hottest else None, "max_temp_zone": hottest[1] if hottest else None,
+            "max_skin_temp_c": skin[0] if skin else None, "max_skin_temp_zone": skin[1] if skin else None,
+            "thermal_status_max": status,
+            "thermal_status_max_name": ANDROID_THERMAL_STATUS[status] if status is not None and
+            0 <= status < len(ANDROID_THERMAL_STATUS) else None}
+
+
+def mean_power_w(samples: list[Sample]) -> float | None:
+    """Return the mean power of the samples that have a reading, or None."""
+    powers = [p for p in (s.power_w for s in samples) if p is not None]
+    return statistics.fmean(powers) if powers else None

@@ -1,0 +1,108 @@
+"""Step 7, energy per inference: the device's idle power, then its power during a fixed number of
+inferences of the deployable context binary, both sampled by the runner on the device.
+
+energy_per_inference_mj = (mean power during the run - idle power) x run time / inferences, i.e. the
+energy the inferences cost above idle; inferences_per_joule is its inverse. Power is |current_now| x
+voltage_now of the battery; while the battery reports Charging (or Full, Not charging: a charger is
+attached) the charger feeds the device and the reading is not its draw, so power is reported as unusable,
+never as a number. Figures are `emulated` on the harness's emulators, `measured` on adb/SSH devices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness import charts
+from harness.data import Feed
+from harness.kpi import Limit
+from harness.models import Thresholds
+from harness.runner.client import DeviceRunner, SoakSpec
+from harness.soak import mean_power_w, soak_run
+from harness.steps.context_binary import ContextBinary
+from harness.steps.report import StepReport
+
+CHARGER_STATUSES = ("charging", "full", "not charging")
+MIN_RUN_SAMPLES = 5
+
+
+@dataclass(frozen=True)
+class EnergyOptions:
+    """How many inferences, how long to measure idle first, how often to sample power."""
+
+    inferences: int
+    idle_s: float
+    interval_s: float
+    inferences_reason: str = ""
+
+
+def warm_inference_s(runner: DeviceRunner, model: Path, feed: Feed, iterations: int = 5) -> float:
+    """Return the median time of a few warm inferences of model on the device's HTP (a probe run)."""
+    import statistics
+
+    run = runner.run(model, [feed], "htp", warmup=2, min_iterations=iterations)
+    return statistics.median(run.iteration_s) if run.iteration_s else 0.0
+
+
+def size_inferences(inference_s: float, target_s: float, minimum: int = 20, maximum: int = 20000) -> int:
+    """Return how many inferences of inference_s seconds fill about target_s (within [minimum, maximum])."""
+    fit = int(target_s / inference_s) if inference_s > 0 else maximum
+    return max(minimum, min(maximum, fit))
+
+
+def energy(ctx: ContextBinary, feeds: list[Feed], runner: DeviceRunner, thresholds: Thresholds,
+           options: EnergyOptions, out_dir: Path, label: str) -> StepReport:
+    """Return the energy report: idle and run power, energy per inference above idle, the power chart, CSV."""
+    source = getattr(runner.transport, "telemetry_source", "measured")
+    run = runner.soak(ctx.model, feeds[:4], SoakSpec(iterations=options.inferences, window_s=1.0,
+                                                    telemetry_interval_s=options.interval_s, idle_s=options.idle_s,
+                                                    thermal_status=False))
+    soak = soak_run(run, source)
+    idle, busy = soak.phase("idle"), soak.phase("soak")
+    idle_w, busy_w = mean_power_w(idle), mean_power_w(busy)
+    statuses = sorted({s.battery_status for s in soak.samples if s.battery_status})
+    report = StepReport("energy")
+    report.kpis = {
+        "artifact": ctx.model.name, "power_source": source, "latency_source": soak.latency_source,
+        "inferences": len(soak.iteration_s), "inferences_reason": options.inferences_reason,
+        "run_duration_s": soak.duration_s, "idle_duration_s": options.idle_s,
+        "sampling_interval_s": soak.interval_s, "idle_samples": len(idle), "run_samples": len(busy),
+        "battery_status": statuses, "idle_power_w": idle_w, "mean_power_w": busy_w,
+        "energy_per_inference_mj": None, "energy_per_inference_total_mj": None, "inferences_per_joule": None,
+        "power_usable": False,
+    }
+    unusable = _unusable(statuses, idle_w, busy_w, len(busy))
+    if unusable:
+        report.kpis.update(idle_power_w=None, mean_power_w=None)
+        report.notes.append(unusable)
+    else:
+        count = max(1, len(soak.iteration_s))
+        above_j = max(0.0, busy_w - idle_w) * soak.duration_s
+        report.kpis.update(power_usable=True, energy_per_inference_mj=1000.0 * above_j / count,
+                           energy_per_inference_total_mj=1000.0 * busy_w * soak.duration_s / count,
+                           inferences_per_joule=count / above_j if above_j > 0 else None)
+    if thresholds.max_energy_per_inference_mj is not None:
+        report.limits.append(Limit("energy_per_inference_mj", maximum=thresholds.max_energy_per_inference_mj,
+                                   required=False, detail=f"{source} power" if not unusable else unusable[:80]))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if not unusable:
+        report.artifacts["power_chart"] = charts.power_chart(
+            soak.samples, idle_w, f"{label}: power, idle then {count} inferences ({source})", out_dir / "energy.png")
+    (out_dir / "energy_samples.csv").write_text(soak.csv())
+    report.artifacts["samples_csv"] = out_dir / "energy_samples.csv"
+    return report
+
+
+def _unusable(statuses: list[str], idle_w: float | None, busy_w: float | None, run_samples: int) -> str | None:
+    """Return why the power readings cannot give an energy figure, or None when they can."""
+    charger = [s for s in statuses if s.lower() in CHARGER_STATUSES]
+    if charger:
+        return (f"power unusable: the battery reports '{charger[0]}', so a charger feeds the device and "
+                "current_now is not its draw; unplug it (adb over Wi-Fi, or a USB power monitor) to measure energy")
+    if idle_w is None or busy_w is None:
+        return ("power unavailable: the device reports no battery current_now/voltage_now (a mains-powered board, "
+                "or telemetry power: false in devices.yaml); energy needs a power reading")
+    if run_samples < MIN_RUN_SAMPLES:
+        return (f"power unusable: only {run_samples} power samples during the run (at least {MIN_RUN_SAMPLES}); "
+                "run more inferences (--energy-inferences) or sample faster")
+    return None

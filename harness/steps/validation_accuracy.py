@@ -1,0 +1,32 @@
+"""Step 7, end-to-end task accuracy: the deployable context binary on the device over the whole
+evaluation set (not the sample the accuracy steps size by cost), its task metric and its drop against
+the float model's on the host."""
+
+from __future__ import annotations
+
+from harness.data import Dataset, Feed
+from harness.kpi import Limit
+from harness.models import Thresholds
+from harness.runner.client import DeviceRunner
+from harness.steps.context_binary import ContextBinary
+from harness.steps.inference import task_metric
+from harness.steps.ptq import compare_quantized
+from harness.steps.report import StepReport
+
+
+def validation_accuracy(ctx: ContextBinary, dataset: Dataset, reference: list[Feed], runner: DeviceRunner,
+                        thresholds: Thresholds, deployed: str) -> StepReport:
+    """Return the report of the context binary run on the device's HTP over every evaluation sample
+    against the float reference (deployed: which quantized model the binary was compiled from)."""
+    run = runner.run(ctx.model, dataset.evaluation, "htp")
+    report = StepReport("validation_accuracy")
+    report.kpis = {"artifact": ctx.model.name, "deployed_model": deployed, "runtime": "htp",
+                   "samples": len(run.outputs), "dataset": dataset.description,
+                   **compare_quantized(run.outputs, reference, dataset, task_metric(reference, dataset, reference)),
+                   "executed_on": run.latency_source}
+    report.kpis.pop("diagnosis", None)
+    report.limits = [Limit("task_metric_drop", maximum=thresholds.max_task_metric_drop),
+                     Limit("cosine_similarity", minimum=thresholds.min_cosine_similarity)]
+    report.notes.extend(dataset.warnings)
+    report.notes.extend(run.notes)
+    return report

@@ -1,0 +1,67 @@
+"""Step 7's run lengths: what a user sets (--soak-duration, --cooldown-max-s, --concurrency,
+--energy-inferences) over defaults that depend on the device: short on the harness's emulated devices
+(the local emulator and the emulated adb phone), long enough on real adb/SSH devices to heat them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.errors import ConfigError
+from harness.steps.concurrency import ConcurrencyOptions
+from harness.steps.sustained import WINDOW_S, SoakOptions
+
+
+@dataclass(frozen=True)
+class RunLengths:
+    """Defaults for one kind of device."""
+
+    soak_s: float
+    cooldown_max_s: float
+    concurrency_s: float
+    solo_s: float
+    energy_target_s: float
+    energy_idle_s: float
+    energy_interval_s: float
+
+
+EMULATED = RunLengths(soak_s=60, cooldown_max_s=90, concurrency_s=10, solo_s=3, energy_target_s=8,
+                      energy_idle_s=3, energy_interval_s=0.1)
+DEVICE = RunLengths(soak_s=600, cooldown_max_s=300, concurrency_s=60, solo_s=10, energy_target_s=30,
+                    energy_idle_s=10, energy_interval_s=0.2)
+
+
+@dataclass(frozen=True)
+class ValidationOptions:
+    """What the user asked for (None: the device's default)."""
+
+    soak_duration_s: float | None = None
+    cooldown_max_s: float | None = None
+    sessions: int = 2
+    energy_inferences: int | None = None
+    concurrency_duration_s: float | None = None
+    concurrency_mode: str = "threads"
+
+    def __post_init__(self) -> None:
+        if self.soak_duration_s is not None and self.soak_duration_s < WINDOW_S:
+            raise ConfigError(f"--soak-duration {self.soak_duration_s:g} is shorter than one {WINDOW_S:g} s window: "
+                              f"give at least {WINDOW_S:g} s (the default is {EMULATED.soak_s:g} s on emulated devices, "
+                              f"{DEVICE.soak_s:g} s on adb/SSH devices)")
+        if self.sessions < 1:
+            raise ConfigError(f"--concurrency {self.sessions} must be at least 1")
+
+    @staticmethod
+    def lengths(telemetry_source: str) -> RunLengths:
+        """Return the defaults for a device whose telemetry is 'emulated' or 'measured'."""
+        return EMULATED if telemetry_source == "emulated" else DEVICE
+
+    def soak(self, telemetry_source: str) -> SoakOptions:
+        """Return the soak's options on such a device."""
+        d = self.lengths(telemetry_source)
+        return SoakOptions(duration_s=self.soak_duration_s or d.soak_s,
+                           cooldown_max_s=d.cooldown_max_s if self.cooldown_max_s is None else self.cooldown_max_s)
+
+    def concurrency(self, telemetry_source: str) -> ConcurrencyOptions:
+        """Return the concurrency run's options on such a device."""
+        d = self.lengths(telemetry_source)
+        duration_s = self.concurrency_duration_s or d.concurrency_s
+        return ConcurrencyOptions(self.sessions, duration_s, min(d.solo_s, duration_s), self.concurrency_mode)
