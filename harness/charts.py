@@ -123,8 +123,10 @@ def soak_chart(windows: Sequence, samples: Sequence, trips: Sequence, title: str
     timed = [w for w in windows if w.p50_ms is not None]
     if timed:
         edges = [w.t_start_s for w in timed] + [timed[-1].t_end_s]
-        ax.stairs([w.p50_ms for w in timed], edges, color="#3572a5", linewidth=2, label="p50 per window")
-        ax.stairs([w.p90_ms for w in timed], edges, color="#3572a5", linestyle=":", label="p90 per window")
+        ax.stairs([w.p50_ms for w in timed], edges, baseline=None, color="#3572a5", linewidth=2, label="p50 per window")
+        ax.stairs([w.p90_ms for w in timed], edges, baseline=None, color="#3572a5", linestyle=":",
+                  label="p90 per window")
+        ax.set_ylim(bottom=0)
     ax.set_xlabel("time since the soak started (s)")
     ax.set_ylabel("latency per inference (ms)")
     if onset_s is not None:
@@ -141,10 +143,13 @@ def soak_chart(windows: Sequence, samples: Sequence, trips: Sequence, title: str
         for color, zone in zip(colors, shown):
             points = [(s.t_s, s.temps_c[zone]) for s in samples if zone in s.temps_c]
             tx.plot([p[0] for p in points], [p[1] for p in points], color=color, linewidth=1, label=f"{zone} °C")
-            for trip in trips:
-                if trip.zone == zone:
-                    tx.axhline(trip.temp_c, color=color, linestyle="--", linewidth=0.8,
-                               label=f"{zone} trip {trip.temp_c:g} °C ({trip.type})")
+        levels: dict[tuple[float, str], list[str]] = {}
+        for trip in trips:  # one line per trip temperature, naming the shown zones that have it
+            if trip.zone in shown:
+                levels.setdefault((trip.temp_c, trip.type), []).append(trip.zone)
+        for (temp_c, kind), names in sorted(levels.items()):
+            tx.axhline(temp_c, color="#c0392b" if kind == "critical" else "#7f8c8d", linestyle="--", linewidth=0.8,
+                       label=f"trip {temp_c:g} °C ({kind}): {', '.join(names)}")
         tx.set_ylabel("temperature (°C)")
         more_h, more_l = tx.get_legend_handles_labels()
         handles, labels = handles + more_h, labels + more_l
@@ -174,7 +179,7 @@ def power_chart(samples: Sequence, idle_power_w: float | None, title: str, path:
 
 def concurrency_bars(rows: Sequence[dict], title: str, path: Path) -> Path:
     """Write solo against concurrent p50 latency per session as grouped bars; return path."""
-    fig = _figure(max(5, 1.2 * len(rows) + 2), 3.8)
+    fig = _figure(max(7.5, 1.2 * len(rows) + 2), 3.8)
     ax = fig.add_subplot()
     xs = list(range(len(rows)))
     solo = [r["solo_p50_ms"] or 0 for r in rows]
@@ -187,7 +192,8 @@ def concurrency_bars(rows: Sequence[dict], title: str, path: Path) -> Path:
                     ha="center", va="bottom", fontsize=8)
     ax.set_xticks(xs, [f"#{r['session']} {r['model']}" for r in rows], fontsize=8)
     ax.set_ylabel("latency per inference (ms)")
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8)
+    ax.margins(y=0.12)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8, loc="lower right")
     fig.savefig(path, format="png")
     return Path(path)

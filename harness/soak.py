@@ -46,7 +46,8 @@ class SoakRun:
     samples: list[Sample] = field(default_factory=list)
     trips: list[TripPoint] = field(default_factory=list)
     interval_s: float | None = None
-    sampler_cpu_s: float | None = None
+    sampler_cpu_s: float | None = None  # the sampler thread's CPU time
+    sampler_children_cpu_s: float | None = None  # its dumpsys processes' CPU time
     errors: list[str] = field(default_factory=list)
     telemetry_source: str = "measured"  # emulated | measured
     latency_source: str = "unknown"  # simulator | device | ...
@@ -85,20 +86,25 @@ def soak_run(run: RunResult, telemetry_source: str) -> SoakRun:
                               thermal_status=raw.get("thermal_status")))
     return SoakRun(windows=windows, iteration_s=list(run.iteration_s), duration_s=float(soak.get("duration_s", 0.0)),
                    samples=samples, trips=parse_trips(static), interval_s=telemetry.get("interval_s"),
-                   sampler_cpu_s=telemetry.get("sampler_cpu_s"), errors=list(telemetry.get("errors") or []),
+                   sampler_cpu_s=telemetry.get("sampler_cpu_s"),
+                   sampler_children_cpu_s=telemetry.get("sampler_children_cpu_s"), errors=list(telemetry.get("errors") or []),
                    telemetry_source=telemetry_source, latency_source=run.latency_source)
 
 
 def stability_kpis(windows: list[Window], margin: float) -> dict[str, Any]:
     """Return stability_pct (worst window throughput / best, %), sustained_to_peak (first window's p50 /
     last window's: 1.0 keeps its speed, 0.5 runs at half speed at the end) and throttling_onset_s (start of
-    the first window whose p50 is more than `margin` above the first window's; None if none)."""
+    the first window whose p50, and the next window's, are more than `margin` above the first window's; a
+    last window alone counts; None if none)."""
     timed = [w for w in windows if w.iterations and w.p50_ms]
     if not timed:
         return {"stability_pct": None, "sustained_to_peak": None, "throttling_onset_s": None, "windows": 0}
     rates = [w.throughput_ips for w in timed if w.throughput_ips]
     first, last = timed[0], timed[-1]
-    onset = next((w.t_start_s for w in timed[1:] if w.p50_ms > first.p50_ms * (1 + margin)), None)
+    slow = [w.p50_ms > first.p50_ms * (1 + margin) for w in timed]
+    # throttling lasts: a window counts as the onset when the next one is slow too (one noisy window is not)
+    onset = next((w.t_start_s for k, w in enumerate(timed) if k and slow[k] and (k + 1 == len(timed) or slow[k + 1])),
+                 None)
     return {"stability_pct": 100.0 * min(rates) / max(rates) if rates else None,
             "sustained_to_peak": first.p50_ms / last.p50_ms, "throttling_onset_s": onset, "windows": len(timed),
             "first_window_p50_ms": first.p50_ms, "last_window_p50_ms": last.p50_ms}

@@ -63,6 +63,9 @@ def test_stability_throttling_onset_and_sustained_to_peak():
     assert kpis["sustained_to_peak"] == pytest.approx(0.5)
     steady = stability_kpis([w(0, 2.0), w(1, 2.2)], margin=0.15)
     assert steady["throttling_onset_s"] is None and steady["stability_pct"] == pytest.approx(2.0 / 2.2 * 100)
+    noisy = stability_kpis([w(0, 2.0), w(1, 2.6), w(2, 2.0), w(3, 2.1)], margin=0.15)  # one slow window: noise
+    assert noisy["throttling_onset_s"] is None
+    assert stability_kpis([w(0, 2.0), w(1, 2.1), w(2, 3.0)], margin=0.15)["throttling_onset_s"] == 10.0
 
 
 # --- the runner's soak and concurrency modes on the emulated device -------------------------------------

@@ -24,3 +24,7 @@ def bounded(kind: type, minimum: float, what: str) -> Callable[[str], float]:
 
     parse.__name__ = what.replace(" ", "_")
     return parse
+
+
+seconds = bounded(float, 0, "a duration in seconds (0 or more)")
+positive_seconds = bounded(float, 1e-9, "a duration in seconds (more than 0)")

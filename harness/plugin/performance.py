@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 
 from harness.plugin import Outcome, _outcome
-from harness.plugin.option_types import bounded
+from harness.plugin.option_types import bounded, seconds
 
 _count = bounded(int, 1, "a positive whole number of iterations")
 _warmup = bounded(int, 0, "a whole number of warm-up runs (0 or more)")
-_seconds = bounded(float, 0, "a duration in seconds (0 or more)")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -17,7 +16,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--min-iterations", type=_count, default=None, metavar="N",
                     help="profile step: time at least N iterations (default 20 on the emulator, 100 on devices; "
                          "unset, the HTP simulator times as many as fit 15 s, at least 5)")
-    group.addoption("--min-duration", type=_seconds, default=None, metavar="SECONDS",
+    group.addoption("--min-duration", type=seconds, default=None, metavar="SECONDS",
                     help="profile step: and time for at least this long (default 1 s on the emulator, 10 s on devices)")
     group.addoption("--warmup-iterations", type=_warmup, default=None, metavar="N",
                     help="profile step: untimed runs first (default 3 on the emulator, 10 on devices)")

@@ -8,25 +8,23 @@ import pytest
 
 from harness.errors import HarnessError
 from harness.plugin import SESSION_KEY, Outcome, _outcome
-from harness.plugin.option_types import bounded
+from harness.plugin.option_types import bounded, positive_seconds, seconds
 
-_seconds = bounded(float, 0, "a duration in seconds (0 or more)")
-_positive_seconds = bounded(float, 1e-9, "a duration in seconds (more than 0)")
 _sessions = bounded(int, 1, "a number of sessions (1 or more)")
 _count = bounded(int, 1, "a positive whole number of inferences")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("snapdragon")
-    group.addoption("--soak-duration", type=_positive_seconds, default=None, metavar="SECONDS",
+    group.addoption("--soak-duration", type=positive_seconds, default=None, metavar="SECONDS",
                     help="sustained step: soak this long (default 60 on emulated devices, 600 on adb/SSH devices; "
                          "at least one 5 s window)")
-    group.addoption("--cooldown-max-s", type=_seconds, default=None, metavar="SECONDS",
+    group.addoption("--cooldown-max-s", type=seconds, default=None, metavar="SECONDS",
                     help="sustained step: wait at most this long for the device to cool to idle before the soak "
                          "(default 90 emulated, 300 on devices; 0: no wait)")
     group.addoption("--concurrency", type=_sessions, default=2, metavar="N",
                     help="concurrency step: N sessions at once on the HTP (default 2)")
-    group.addoption("--concurrency-duration", type=_positive_seconds, default=None, metavar="SECONDS",
+    group.addoption("--concurrency-duration", type=positive_seconds, default=None, metavar="SECONDS",
                     help="concurrency step: run the sessions together this long (default 10 emulated, 60 on devices; "
                          "each model first runs alone for up to 3 / 10 s)")
     group.addoption("--concurrency-mode", choices=["threads", "processes"], default="threads",

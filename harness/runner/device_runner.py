@@ -272,11 +272,13 @@ def window_stats(times, ends, window_s, total_s):
     return windows
 
 
+STATUS_INTERVAL_S = 2.0  # dumpsys thermalservice is a process per read: at most this often
 _STATUS_LINE = re.compile(r"Thermal Status:\s*(\d+)")
 
 
 class Sampler(threading.Thread):
-    """Samples thermal zones, the battery and (optionally) Android's thermal status every interval_s, on the
+    """Samples thermal zones and the battery every interval_s and (optionally) Android's thermal status every
+    STATUS_INTERVAL_S at most (dumpsys is a process per read: it would cost the device more than the rest), on the
     soak clock (t0 = time.perf_counter() at the soak's start); each sample keeps the raw lines in the
     host's `grep -H` form (zone/type:..., zone/temp:..., current_now:..., voltage_now:..., status:...)."""
 
@@ -292,7 +294,9 @@ class Sampler(threading.Thread):
         self.errors = []
         self.cpu_s = 0.0
         self._stop_event = threading.Event()
-        self._types = None
+        self._last_status_t = float("-inf")
+        times = os.times()
+        self._children_cpu0 = times.children_user + times.children_system
 
     def _zones(self):
         try:
@@ -330,7 +334,8 @@ class Sampler(threading.Thread):
                 if value is not None:
                     lines.append("%s:%s" % (name, value))
         status = None
-        if self.dumpsys:
+        if self.dumpsys and t - self._last_status_t >= STATUS_INTERVAL_S:
+            self._last_status_t = t
             try:
                 out = subprocess.run(["dumpsys", "thermalservice"], capture_output=True, text=True, timeout=5).stdout
                 match = _STATUS_LINE.search(out)
@@ -354,8 +359,12 @@ class Sampler(threading.Thread):
         self._stop_event.set()
         self.join(timeout=10)
         self.samples.append(self.read())
+        times = os.times()
         return {"interval_s": self.interval_s, "samples": self.samples, "static": self.static_lines(),
-                "sampler_cpu_s": self.cpu_s, "errors": self.errors}
+                "sampler_cpu_s": self.cpu_s, "status_interval_s": STATUS_INTERVAL_S if self.dumpsys else None,
+                # dumpsys processes (the only children the runner starts during a soak)
+                "sampler_children_cpu_s": times.children_user + times.children_system - self._children_cpu0,
+                "errors": self.errors}
 
 
 def _read(path):

@@ -73,7 +73,7 @@ def sustained(ctx: ContextBinary, feeds: list[Feed], runner: DeviceRunner, thres
         "iterations": len(soak.iteration_s), "latency_ms": latency_stats(soak.iteration_s).as_dict(),
         **stability, **thermal, "throttling_margin": thresholds.throttling_margin,
         "cooldown": cooldown.kpis(), "telemetry_interval_s": soak.interval_s, "telemetry_samples": len(soak.samples),
-        "sampler_cpu_s": soak.sampler_cpu_s,
+        "sampler_cpu_s": soak.sampler_cpu_s, "sampler_children_cpu_s": soak.sampler_children_cpu_s,
         "trip_points": [{"zone": t.zone, "temp_c": t.temp_c, "type": t.type} for t in soak.trips],
     }
     report.tables["windows"] = [w.__dict__ for w in soak.windows]
