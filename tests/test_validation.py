@@ -81,7 +81,8 @@ def test_soak_samples_the_device_on_the_runners_clock(devices, ctx, feeds, tmp_p
     assert {"nsphvx-0", "cpuss-0", "sys-therm-0"} <= set(busy[-1].temps_c)
     assert busy[-1].battery_status == "Discharging" and busy[-1].power_w > soak.phase("idle")[0].power_w
     assert any(t.zone == "nsphvx-0" and t.type == "passive" for t in soak.trips)
-    assert all(s.thermal_status == 0 for s in idle)  # read through the emulated device's dumpsys
+    statuses = [s.thermal_status for s in soak.samples if s.thermal_status is not None]
+    assert 2 <= len(statuses) <= 4 and set(statuses) == {0}  # the emulated device's dumpsys, every 2 s of 4 s
     assert soak.sampler_cpu_s is not None and 0 < soak.sampler_cpu_s < 1.0
 
 
