@@ -55,6 +55,10 @@ class DeviceLostError(TransportError):
     """The device disconnected or stopped answering; it is taken out of the session."""
 
 
+class DeviceQuarantinedError(DeviceLostError):
+    """The device is quarantined (failed its health check, or an earlier run put it in the farm state file)."""
+
+
 class HostKeyError(TransportError):
     """An SSH host key is unknown or has changed; the message says how to trust it."""
 

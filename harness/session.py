@@ -5,13 +5,18 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from harness.farm import FarmState, Quarantine
 
 from harness.cache import ArtifactCache
-from harness.errors import DeviceLostError, HarnessError
+from harness.errors import DeviceLostError, DeviceQuarantinedError, HarnessError
+from harness.farm import now_iso
 from harness.devices import DevicesFile, DeviceSpec
 from harness.pipeline import Target
 from harness.runner.client import DeviceRunner
@@ -32,27 +37,45 @@ class StepRecord:
 
 
 class DevicePool:
-    """Opens each device's transport once per session and closes (and cleans) them at the end.
+    """Opens each device's transport once per session, checks its health before first use, and closes (and
+    cleans) them at the end.
 
-    A device that cannot be connected, or whose transport lost it mid-run (DeviceLostError), is
-    taken out of the session: failure() says why, and runner() refuses it from then on.
+    A device that cannot be connected, fails its health check (harness.farm.check_health), was lost by its
+    transport (DeviceLostError), or whose step tests failed with transport errors MAX_TRANSPORT_FAILURES
+    times in a row is quarantined: failure() says why, runner() refuses it from then on, and with a farm
+    state file the quarantine is recorded there for later runs.
     """
 
-    def __init__(self, cache: ArtifactCache, keep_files: bool = False) -> None:
+    def __init__(self, cache: ArtifactCache, keep_files: bool = False, farm: "FarmState | None" = None,
+                 health_check: bool = True, min_free_mb: float | None = None) -> None:
+        from harness.farm import DEFAULT_MIN_FREE_MB, FarmState
+
         self._cache = cache
         self._keep = keep_files
+        self.farm = farm or FarmState(None)
+        self.health_check = health_check
+        self.min_free_mb = DEFAULT_MIN_FREE_MB if min_free_mb is None else min_free_mb
         self._runners: dict[str, DeviceRunner] = {}
         self._failed: dict[str, str] = {}
+        self.quarantines: dict[str, "Quarantine"] = dict(self.farm.quarantined())  # from earlier runs
+        self.health: dict[str, dict] = {}
+        self._transport_failures: dict[str, int] = {}
 
     def runner(self, device: DeviceSpec, devices: DevicesFile) -> DeviceRunner:
-        """Return the runner for device, connecting on first use.
+        """Return the runner for device, connecting and health-checking it on first use.
 
-        Raises DeviceLostError for a device taken out of the session, the connect error otherwise.
+        Raises DeviceQuarantinedError for a quarantined device (an earlier run's, or a failed health check),
+        DeviceLostError for a device taken out of the session, the connect error otherwise.
         """
+        from harness.farm import check_health
+
+        if device.id in self.quarantines and device.id not in self._failed:
+            raise DeviceQuarantinedError(f"device {device.id} is quarantined: {self.quarantines[device.id]}; "
+                                         f"`--unquarantine {device.id}` puts it back", device=device.id)
         reason = self.failure(device.id)
         if reason is not None:
-            raise DeviceLostError(f"device {device.id} was taken out of the session after: {reason}",
-                                  device=device.id)
+            kind = DeviceQuarantinedError if reason.startswith("health check failed") else DeviceLostError
+            raise kind(f"device {device.id} was taken out of the session after: {reason}", device=device.id)
         if device.id not in self._runners:
             try:
                 transport = open_transport(device, devices.soc(device.soc), self._cache.root / "emulator")
@@ -65,11 +88,20 @@ class DevicePool:
 
                 runner.idle_temps_c = read_temps(transport)
             self._runners[device.id] = runner
+            if self.health_check:
+                health = check_health(runner, self.min_free_mb)
+                self.health[device.id] = health.as_dict()
+                if not health.ok:
+                    self.mark_failed(device.id, f"health check failed: {health.reason}")
+                    raise DeviceQuarantinedError(f"device {device.id} was taken out of the session after: "
+                                                 f"health check failed: {health.reason}", device=device.id)
         return self._runners[device.id]
 
     def mark_failed(self, device_id: str, reason: str) -> None:
-        """Take device_id out of the session (the first reason given is kept)."""
-        self._failed.setdefault(device_id, reason)
+        """Take device_id out of the session and quarantine it (the first reason given is kept)."""
+        if device_id not in self._failed:
+            self._failed[device_id] = reason
+            self.quarantines[device_id] = self.farm.quarantine(device_id, reason)
 
     def failure(self, device_id: str) -> str | None:
         """Return why device_id was taken out of the session, or None while it is in."""
@@ -78,8 +110,34 @@ class DevicePool:
         runner = self._runners.get(device_id)
         lost = getattr(runner.transport, "lost_reason", None) if runner is not None else None
         if lost is not None:
-            self._failed[device_id] = lost
+            self.mark_failed(device_id, lost)
         return lost
+
+    def note_step(self, device_id: str, transport_error: str | None) -> None:
+        """Count a step test's transport error (None: the step ran without one); quarantine the device after
+        MAX_TRANSPORT_FAILURES in a row."""
+        from harness.farm import MAX_TRANSPORT_FAILURES
+
+        if transport_error is None:
+            self._transport_failures[device_id] = 0
+            return
+        count = self._transport_failures.get(device_id, 0) + 1
+        self._transport_failures[device_id] = count
+        if count >= MAX_TRANSPORT_FAILURES:
+            self.mark_failed(device_id, f"{count} step tests in a row failed with transport errors, last: "
+                                        f"{transport_error.splitlines()[0]}")
+
+    def state(self, device: DeviceSpec) -> dict[str, Any]:
+        """Return the device's farm status: healthy (used), quarantined (and why, since when), or unused."""
+        failure = self.failure(device.id)
+        quarantine = self.quarantines.get(device.id)
+        status = ("quarantined" if quarantine is not None or failure is not None else
+                  "healthy" if device.id in self._runners else "unused")
+        return {"id": device.id, "soc": device.soc, "transport": device.transport, "status": status,
+                "reason": failure or (quarantine.reason if quarantine else None),
+                "since": quarantine.since if quarantine else None,
+                "expires": quarantine.expires if quarantine else None,
+                "health": self.health.get(device.id)}
 
     def close(self) -> None:
         """Clean up every device's work directory (unless kept or lost) and close the transports."""
@@ -111,6 +169,11 @@ class HarnessSession:
     accuracy: Any = None  # harness.steps.sweep.AccuracyOptions, set by harness.plugin.accuracy
     validation: Any = None  # harness.validation.ValidationOptions, set by harness.plugin.validation
     onboardings: dict[str, Any] = field(default_factory=dict)
+    locks: Any = None  # harness.farm.DeviceLocks
+    released: list[str] = field(default_factory=list)  # devices --unquarantine took out of the farm state
+    device_states: dict[str, dict] = field(default_factory=dict)  # the latest farm status per device
+    started_at: str = field(default_factory=now_iso)
+    started_monotonic: float = field(default_factory=time.monotonic)
 
     def onboarding(self, target: Target):  # type: ignore[no-untyped-def]
         """Return the Onboarding pipeline of target (one per target in the session; connects the device)."""
@@ -127,11 +190,41 @@ class HarnessSession:
         if self.kpi_json is None:
             return
         self.kpi_json.parent.mkdir(parents=True, exist_ok=True)
-        payload = {"records": [r.__dict__ for r in self.records]}
+        payload = {"records": [r.__dict__ for r in self.records], "devices": self.device_summary(),
+                   "environment": environment(self.started_at, time.monotonic() - self.started_monotonic)}
         fd, tmp = tempfile.mkstemp(dir=self.kpi_json.parent, prefix=".kpi-", suffix=".json")
         with os.fdopen(fd, "w") as f:
             json.dump(payload, f, indent=2, default=_json_default)
         os.replace(tmp, self.kpi_json)
+
+
+    def device_summary(self) -> list[dict[str, Any]]:
+        """Return each selected device's farm status (from this process's pool, or the workers' reports)."""
+        seen: dict[str, dict] = {}
+        for target in self.targets:
+            if target.device.id not in seen:
+                state = self.pool.state(target.device)
+                reported = self.device_states.get(target.device.id)
+                if reported is not None and (state["status"] == "unused" or reported["status"] == "quarantined"):
+                    state = {**state, **reported}
+                seen[target.device.id] = state
+        return list(seen.values())
+
+
+def environment(started_at: str, duration_s: float) -> dict[str, Any]:
+    """Return the versions and run times a sign-off records (harness, onnxruntime, QNN EP, Python, platform)."""
+    import platform
+    from importlib import metadata
+
+    def version(name: str) -> str | None:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
+    return {"harness_version": version("snapdragon-onboarding-harness"), "onnxruntime": version("onnxruntime"),
+            "onnxruntime_qnn": version("onnxruntime-qnn"), "python": platform.python_version(),
+            "platform": platform.platform(), "started_at": started_at, "duration_s": round(duration_s, 1)}
 
 
 def _json_default(value: Any) -> Any:

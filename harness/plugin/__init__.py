@@ -77,6 +77,7 @@ def _build_session(config: pytest.Config):
     from harness.devices import load_devices_file
     from harness.models import resolve_models
     from harness.pipeline import Target
+    from harness.farm import DeviceLocks, FarmState
     from harness.session import DevicePool, HarnessSession
 
     opt = config.option
@@ -90,10 +91,16 @@ def _build_session(config: pytest.Config):
     cache_root = Path(opt.cache_dir or os.environ.get("HARNESS_CACHE_DIR") or DEFAULT_CACHE_DIR).expanduser()
     cache = ArtifactCache(cache_root)
     targets = [Target(d, devices.soc(d.soc), m) for d in selected for m in models]
-    return HarnessSession(devices=devices, targets=targets, cache=cache,
-                          # xdist workers share devices: the controller cleans up once they are done
-                          pool=DevicePool(cache, keep_files=opt.keep_device_files or _is_xdist_worker(config)),
-                          kpi_json=Path(opt.kpi_json) if opt.kpi_json else None)
+    farm = FarmState(opt.farm_state, opt.quarantine_hours)
+    released = farm.release(opt.unquarantine) if not _is_xdist_worker(config) else []
+    # xdist workers share devices: the controller cleans up once they are done
+    pool = DevicePool(cache, keep_files=opt.keep_device_files or _is_xdist_worker(config), farm=farm,
+                      health_check=not opt.no_health_check, min_free_mb=opt.device_min_free_mb)
+    return HarnessSession(devices=devices, targets=targets, cache=cache, pool=pool,
+                          kpi_json=Path(opt.kpi_json) if opt.kpi_json else None,
+                          locks=DeviceLocks(Path(opt.device_lock_dir) if opt.device_lock_dir else None,
+                                            opt.device_lock_timeout),
+                          released=released)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -128,12 +135,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # Under pytest-xdist's --dist loadgroup, keep each device x model on one worker, so its
-    # artifacts are built once and its steps run in order.
+    # Under pytest-xdist's --dist loadgroup, keep each device (with its models) on one worker: a device's
+    # artifacts are built once, its steps run in order, no two workers measure on it at once, and N devices
+    # keep N workers busy.
     for item in items:
         callspec = getattr(item, "callspec", None)
         if callspec is not None and "target" in callspec.params:
-            item.add_marker(pytest.mark.xdist_group(callspec.params["target"].id))
+            item.add_marker(pytest.mark.xdist_group(callspec.params["target"].device.id))
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -162,8 +170,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 _KPIS_KEY = pytest.StashKey[dict]()
 
 
+DEVICE_STATE_PROPERTY = "harness_device_state"
+
+
 class _RecordCollector:
-    """Collects step records from test reports (they arrive from xdist workers the same way)."""
+    """Collects step records and device states from test reports (they arrive from xdist workers the same way)."""
 
     def __init__(self, session) -> None:
         self.session = session
@@ -174,6 +185,8 @@ class _RecordCollector:
         for name, value in report.user_properties:
             if name == RECORD_PROPERTY:
                 self.session.records.append(StepRecord(**value))
+            elif name == DEVICE_STATE_PROPERTY:
+                self.session.device_states[value["id"]] = value
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if not hasattr(session.config, "workerinput"):
@@ -182,11 +195,13 @@ class _RecordCollector:
 
 @dataclass
 class Outcome(Generic[T]):
-    """A step's result for one target, or the HarnessError message that stopped it."""
+    """A step's result for one target, or the HarnessError message that stopped it (transport_error: it was
+    a transport error, which counts toward the device's quarantine)."""
 
     step: str
     value: T | None = None
     error: str | None = None
+    transport_error: bool = False
 
     def require_value(self) -> T:
         """Return the value for a dependent step, skipping that step when this one raised (a missed
@@ -205,10 +220,12 @@ class Outcome(Generic[T]):
 
 
 def _outcome(step: str, compute) -> Outcome:
+    from harness.errors import TransportError
+
     try:
         return Outcome(step, value=compute())
     except HarnessError as e:
-        return Outcome(step, error=str(e))
+        return Outcome(step, error=str(e), transport_error=isinstance(e, TransportError))
 
 
 @pytest.fixture(scope="session")
@@ -226,8 +243,12 @@ def target(request: pytest.FixtureRequest):
 @pytest.fixture(scope="session")
 def onboarding(target, harness_session):
     """The Onboarding pipeline for this target: memoised artifacts and step reports."""
+    from harness.errors import DeviceQuarantinedError
+
     try:
         return harness_session.onboarding(target)
+    except DeviceQuarantinedError as e:
+        pytest.skip(str(e))
     except HarnessError as e:
         pytest.fail(f"device {target.device.id}: {e}", pytrace=False)
 
@@ -269,6 +290,18 @@ def _harness_labels(request: pytest.FixtureRequest) -> None:
         label_target(t.device.id, t.soc.id, t.soc.name, t.model.name)
 
 
+def junit_properties(step: str, kpis: dict) -> list[tuple[str, Any]]:
+    """Return the scalar KPIs (and one level of nested ones, e.g. latency_ms.p50) as (step.kpi, value) pairs
+    for --junitxml's <properties>."""
+    pairs = []
+    for key, value in kpis.items():
+        if isinstance(value, (int, float, str, bool)) and not (isinstance(value, str) and len(value) > 200):
+            pairs.append((f"{step}.{key}", value))
+        elif isinstance(value, dict):
+            pairs.extend((f"{step}.{key}.{k}", v) for k, v in value.items() if isinstance(v, (int, float, bool)))
+    return pairs
+
+
 @pytest.fixture
 def check(request: pytest.FixtureRequest):
     """check(outcome) -> StepReport: record KPIs, attach to Allure, fail on any broken limit."""
@@ -276,10 +309,16 @@ def check(request: pytest.FixtureRequest):
     from harness.session import json_safe
 
     def _check(outcome: Outcome) -> Any:
+        hs = request.config.stash.get(SESSION_KEY, None)
+        callspec = getattr(request.node, "callspec", None)
+        if hs is not None and callspec is not None and "target" in callspec.params:
+            hs.pool.note_step(callspec.params["target"].device.id, outcome.error if outcome.transport_error else None)
         if outcome.error is not None:
             pytest.fail(f"{outcome.step}: {outcome.error}", pytrace=False)
         report = outcome.value
         request.node.stash[_KPIS_KEY] = json_safe(report.kpis)
+        for name, value in junit_properties(outcome.step, report.kpis):
+            request.node.user_properties.append((name, value))
         attach_report(report)
         for note in report.notes:
             warnings.warn(HarnessWarning(f"{outcome.step}: {note}"), stacklevel=2)

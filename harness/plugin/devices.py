@@ -5,16 +5,22 @@
   seconds. The summary goes into the step's KPIs as ``telemetry`` (source emulated|measured,
   max_temp_c, mean_power_w, samples, per-zone max/mean) and the samples to Allure as CSV.
 * Faults: a device its transport lost (disconnected, or not answering after a timeout) is taken
-  out of the session; that step test and every later one of the device error with "device X was
-  taken out of the session after: ...", and the other devices go on.
+  out of the session and quarantined: the step test that found it errors with "device X was taken
+  out of the session after: ...", the device's later tests are skipped naming the reason, and the
+  other devices go on.
+* The farm (harness.farm): each step test holds its device's lock while it runs; a device is
+  health-checked before first use; quarantines go to --farm-state; the terminal summary lists the
+  devices used and quarantined, and a table per device x model of each step's outcome and headline KPI.
 """
 
 from __future__ import annotations
 
 import pytest
 
+import os
+
 from harness.errors import HarnessError
-from harness.plugin import SESSION_KEY, _KPIS_KEY
+from harness.plugin import DEVICE_STATE_PROPERTY, SESSION_KEY, _KPIS_KEY
 from harness.plugin.option_types import bounded
 
 DEFAULT_TELEMETRY_INTERVAL_S = 0.5
@@ -25,10 +31,29 @@ _interval = bounded(float, 0, "an interval in seconds (0 turns telemetry off)")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    from harness.farm import DEFAULT_MIN_FREE_MB, DEFAULT_QUARANTINE_HOURS
+
     group = parser.getgroup("snapdragon")
     group.addoption("--telemetry-interval", type=_interval, default=DEFAULT_TELEMETRY_INTERVAL_S, metavar="SECONDS",
                     help="sample device temperatures and power every SECONDS while a step runs "
                          f"(default {DEFAULT_TELEMETRY_INTERVAL_S}; 0: off)")
+    group.addoption("--farm-state", default=os.environ.get("HARNESS_FARM_STATE"), metavar="PATH",
+                    help="farm state file: devices quarantined by this run are written there and skipped by later "
+                         "runs until they expire (default $HARNESS_FARM_STATE; none: quarantine lasts this run)")
+    group.addoption("--unquarantine", action="append", default=[], metavar="ID",
+                    help="take device ID out of the farm state's quarantine before the run (repeatable)")
+    group.addoption("--quarantine-hours", type=bounded(float, 0, "a number of hours (0 or more)"),
+                    default=DEFAULT_QUARANTINE_HOURS, metavar="H",
+                    help=f"how long a quarantine in the farm state lasts (default {DEFAULT_QUARANTINE_HOURS:g})")
+    group.addoption("--device-lock-dir", default=None, metavar="DIR",
+                    help="where the per-device locks live (default $HARNESS_LOCK_DIR, else "
+                         "<tmp>/snapdragon-harness-locks): one host-wide directory per farm")
+    group.addoption("--device-lock-timeout", type=bounded(float, 0, "a duration in seconds (0 or more)"),
+                    default=1800.0, metavar="SECONDS", help="wait this long for a device another process uses")
+    group.addoption("--no-health-check", action="store_true", help="skip the devices' health check before first use")
+    group.addoption("--device-min-free-mb", type=bounded(float, 0, "a size in MB (0 or more)"),
+                    default=DEFAULT_MIN_FREE_MB, metavar="MB",
+                    help=f"health check: free space the work directory needs (default {DEFAULT_MIN_FREE_MB:g})")
 
 
 def _step_target(item: pytest.Item):  # type: ignore[no-untyped-def]
@@ -73,10 +98,10 @@ def _finish_telemetry(item: pytest.Item, attach: bool) -> None:
                   attachment_type=allure.attachment_type.CSV)
 
 
-@pytest.hookimpl(hookwrapper=True, tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item):  # type: ignore[no-untyped-def]
+@pytest.hookimpl(tryfirst=True)  # a plain hook: before the fixtures are set up, inside the other hooks' wrappers
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _take_device_lock(item)
     _start_telemetry(item)
-    yield
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -90,19 +115,74 @@ def pytest_runtest_call(item: pytest.Item):  # type: ignore[no-untyped-def]
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item: pytest.Item):  # type: ignore[no-untyped-def]
     _finish_telemetry(item, attach=False)  # setup failed: there was no call phase
-    yield
+    try:
+        yield
+    finally:
+        _release_device_lock(item)
+
+
+_LOCK_KEY = pytest.StashKey[object]()
+
+
+def _take_device_lock(item: pytest.Item) -> None:
+    """Hold the step test's device lock from its setup to its teardown (one user per device); a device
+    another process holds past --device-lock-timeout errors the test naming the lock."""
+    target = _step_target(item)
+    hs = item.config.stash.get(SESSION_KEY, None)
+    if target is not None and hs is not None and hs.locks is not None:
+        item.stash[_LOCK_KEY] = hs.locks.acquire(target.device.id)
+
+
+def _release_device_lock(item: pytest.Item) -> None:
+    lock = item.stash.get(_LOCK_KEY, None)
+    if lock is not None:
+        item.stash[_LOCK_KEY] = None
+        lock.release()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # type: ignore[no-untyped-def]
+    outcome = yield
+    report = outcome.get_result()
+    target = _step_target(item)
+    hs = item.config.stash.get(SESSION_KEY, None)
+    if target is not None and hs is not None and (report.when == "call" or not report.passed):
+        report.user_properties.append((DEVICE_STATE_PROPERTY, hs.pool.state(target.device)))
 
 
 @pytest.fixture(autouse=True)
 def _device_in_session(request: pytest.FixtureRequest) -> None:
-    """Error a step test whose device was taken out of the session, by its own step or an earlier one.
-
-    Function-scoped, so it runs after the session-scoped step fixtures have computed the step.
-    """
+    """Error the step test during which its device was taken out of the session, and skip the device's later
+    tests naming why (it is quarantined). Function-scoped, so it runs after the session-scoped step
+    fixtures have computed the step."""
     target = _step_target(request.node)
     hs = request.config.stash.get(SESSION_KEY, None)
     if target is None or hs is None:
         return
-    reason = hs.pool.failure(target.device.id)
-    if reason is not None:
-        pytest.fail(f"device {target.device.id} was taken out of the session after: {reason}", pytrace=False)
+    device_id = target.device.id
+    reason = hs.pool.failure(device_id)
+    if reason is None and device_id in hs.pool.quarantines:
+        pytest.skip(f"device {device_id} is quarantined: {hs.pool.quarantines[device_id]}; "
+                    f"`--unquarantine {device_id}` puts it back")
+    if reason is None:
+        return
+    reported = request.config.stash.setdefault(_REPORTED_KEY, set())
+    if device_id in reported or reason.startswith("health check failed"):
+        pytest.skip(f"device {device_id} is quarantined: {reason}")
+    reported.add(device_id)
+    pytest.fail(f"device {device_id} was taken out of the session after: {reason}", pytrace=False)
+
+
+_REPORTED_KEY = pytest.StashKey[set]()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:  # type: ignore[no-untyped-def]
+    """The farm summary (devices used and quarantined, and why) and a table per device x model."""
+    from harness.summary import device_lines, step_table
+
+    hs = config.stash.get(SESSION_KEY, None)
+    if hs is None or hasattr(config, "workerinput") or not hs.records:
+        return
+    terminalreporter.write_sep("=", "snapdragon harness")
+    for line in [*device_lines(hs.device_summary(), hs.released), *step_table(hs.records)]:
+        terminalreporter.write_line(line)

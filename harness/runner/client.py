@@ -237,6 +237,18 @@ class DeviceRunner:
             self.transport.push(RUNNER_SOURCE, RUNNER_REMOTE)
             self._deployed = True
 
+    def self_check(self) -> dict:
+        """Deploy the runner and run its --self_check; return what it reports (versions, QNN EP present).
+        Raises RunnerError when it does not start or prints no report."""
+        self.deploy()
+        argv = [*self.transport.python, RUNNER_REMOTE, "--self_check"]
+        result = self.transport.run(argv, timeout_s=120.0)
+        try:
+            return json.loads(result.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise RunnerError("the device runner's --self_check printed no report", device=self.transport.device_id,
+                              argv=argv, rc=result.rc, stdout=result.stdout, stderr=result.stderr) from None
+
     def push_model(self, model: Path) -> str:
         """Push a model (and its external-data or context-binary siblings); return its remote path."""
         model = Path(model)

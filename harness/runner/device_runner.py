@@ -656,8 +656,35 @@ def placement(session):
     return rows
 
 
+def self_check():
+    """Print what this device's runner can use (numpy, onnxruntime, the QNN EP) as JSON; return the exit code."""
+    info = {"runner_version": RUNNER_VERSION, "machine": platform.machine(), "system": platform.system(),
+            "python": platform.python_version(), "qnn_ep": False, "error": None}
+    try:
+        import numpy
+        import onnxruntime as ort
+
+        info["numpy"], info["onnxruntime"] = numpy.__version__, ort.__version__
+        import onnxruntime_qnn
+
+        info["onnxruntime_qnn"] = getattr(onnxruntime_qnn, "__version__", "unknown")
+        try:
+            ort.register_execution_provider_library("QNNExecutionProvider", onnxruntime_qnn.get_library_path())
+        except Exception as e:  # already registered
+            if "already" not in str(e).lower():
+                raise
+        info["qnn_ep"] = any(d.ep_name == "QNNExecutionProvider" for d in ort.get_ep_devices())
+    except Exception as e:  # reported, not raised: the host decides what is missing
+        info["error"] = "%s: %s" % (type(e).__name__, e)
+    print(json.dumps(info))
+    return 0
+
+
 def main(argv=None):
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--self_check"]:
+        return self_check()
+    args = parse_args(argv)
     os.makedirs(args.output_dir, exist_ok=True)
     report = {"runner_version": RUNNER_VERSION, "runtime": args.runtime, "model": args.model, "error": None,
               "machine": platform.machine(), "system": platform.system()}
