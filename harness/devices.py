@@ -166,13 +166,16 @@ class DevicesFile(_Strict):
         return self.socs[soc_id].model_copy(update={"id": soc_id})
 
     def select(self, selectors: list[str]) -> list[DeviceSpec]:
-        """Return the devices named by ids or SoC ids, in the order given, without repeats.
+        """Return the devices named by ids or SoC ids (`all`: every device of the file), in the order given,
+        without repeats.
 
         Raises ConfigError listing the known ids and SoCs for a selector that matches nothing.
         """
         chosen: list[DeviceSpec] = []
         for sel in selectors:
             matched = [d for d in self.devices if d.id == sel] or [d for d in self.devices if d.soc == sel]
+            if not matched and sel == "all":
+                matched = list(self.devices)
             if not matched:
                 hint = ""
                 if sel in self.socs:
