@@ -47,6 +47,24 @@ class Thresholds(BaseModel):
     max_latency_degradation: float | None = Field(None, gt=0, allow_inf_nan=False,
                                                   description="concurrency: concurrent p50 / solo p50 per session "
                                                               "(default 1.5 x the session count)")
+    # Baselines and regression gates (harness/baseline.py, harness/steps/regression.py)
+    regression_accuracy_tolerance: float = Field(0.01, ge=0, allow_inf_nan=False,
+                                                 description="regression: largest drop of task_metric or "
+                                                             "cosine_similarity vs the baseline, absolute")
+    regression_sqnr_tolerance_db: float = Field(1.0, ge=0, allow_inf_nan=False,
+                                                description="regression: largest drop of sqnr_db vs the baseline, dB")
+    regression_alpha: float = Field(0.05, gt=0, lt=1, description="regression: significance of the Mann-Whitney U "
+                                                                  "test on the latency samples")
+    regression_latency_threshold: float = Field(0.10, ge=0, allow_inf_nan=False,
+                                                description="regression: relative change of the median latency "
+                                                            "that counts (with a significant U test)")
+    regression_memory_threshold: float = Field(0.10, ge=0, allow_inf_nan=False,
+                                               description="regression: relative growth of peak_rss_mb that counts")
+    regression_size_threshold: float = Field(0.05, ge=0, allow_inf_nan=False,
+                                             description="regression: relative growth of context_bytes that counts")
+    regression_energy_threshold: float = Field(0.15, ge=0, allow_inf_nan=False,
+                                               description="regression: relative growth of energy_per_inference_mj "
+                                                           "that counts")
 
 
 class _SpecFile(BaseModel):

@@ -37,7 +37,7 @@ SHORT_VALIDATION = ["--soak-duration", "12", "--cooldown-max-s", "20", "--energy
 def test_default_run_onboards_the_zoo_model_and_writes_kpis(run_suites, pytester):
     alluredir = pytester.path / "allure"
     result, records = run_suites("--device", "sm8650", "--alluredir", str(alluredir), *SHORT_VALIDATION)
-    result.assert_outcomes(passed=ALL_STEPS)
+    result.assert_outcomes(passed=ALL_STEPS - 1, skipped=1)  # regression: no --baseline
     steps = by_step(records)
     assert list(steps)[:4] == list(SPINE_STEPS) and len(steps) == ALL_STEPS
     assert all((r["device"], r["soc"], r["model"], r["outcome"]) == ("sm8650-emu", "sm8650", "digits_cnn", "passed")
@@ -154,8 +154,11 @@ def test_allure_results_carry_parameters_steps_and_attachments(run_suites, pytes
 def test_xdist_keeps_each_target_on_one_worker(run_suites, pytester):
     model = conv_classifier(pytester.path / "clf.onnx")
     result, records = run_suites("--model", str(model), "--model", "digits_cnn", "-n", "2", "--dist", "loadgroup",
-                                 *SPINE)
+                                 "-v", *SPINE)
     result.assert_outcomes(passed=8)
+    import re  # one device: all its tests (both models) on one worker, as loadgroup's '@<device>' group says
+    workers = set(re.findall(r"\[(gw\d+)\].*PASSED.*@sm8650-emu", result.stdout.str()))
+    assert len(workers) == 1, result.stdout.str()[-3000:]
     assert sorted((r["model"], r["step"]) for r in records) == sorted(
         (m, s) for m in ("clf", "digits_cnn") for s in SPINE_STEPS)
 

@@ -37,7 +37,8 @@ def test_every_suite_passes_over_ssh_and_over_adb(pytester, session_cache_dir, t
     records = json.loads(kpi.read_text())["records"]
     steps = {d: {r["step"]: r for r in records if r["device"] == d} for d in ("ssh-dev", "adb-dev")}
     assert set(steps["ssh-dev"]) == set(steps["adb-dev"]) >= {"feasibility", "conversion", "float_baseline", "ptq"}
-    assert all(r["outcome"] == "passed" for r in records), [(r["device"], r["step"], r["message"]) for r in records]
+    assert all(r["outcome"] == "passed" for r in records if r["step"] != "regression"), \
+        [(r["device"], r["step"], r["message"]) for r in records]  # regression: skipped without --baseline
     # Both "devices" are this x86-64 host running the HTP simulator: labelled so, not as a phone.
     assert {steps[d]["ptq"]["kpis"]["latency_source"] for d in steps} == {"simulator"}
     adb_ptq = steps["adb-dev"]["ptq"]["kpis"]["telemetry"]

@@ -19,7 +19,7 @@ from harness.errors import HarnessError
 
 # Fixtures and options of the later onboarding steps live in sibling modules, one per area.
 pytest_plugins: list[str] = ["harness.plugin.performance", "harness.plugin.accuracy", "harness.plugin.devices",
-                             "harness.plugin.validation"]
+                             "harness.plugin.validation", "harness.plugin.regression"]
 
 T = TypeVar("T")
 SESSION_KEY = pytest.StashKey["HarnessSession"]()
@@ -134,6 +134,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("target", targets, ids=[t.id for t in targets], scope="session", indirect=True)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's loadgroup scheduling reads the xdist_group markers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Under pytest-xdist's --dist loadgroup, keep each device (with its models) on one worker: a device's
     # artifacts are built once, its steps run in order, no two workers measure on it at once, and N devices

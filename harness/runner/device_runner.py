@@ -126,7 +126,15 @@ def check_context_target(args, report):
 
 
 def peak_rss_mb():
-    """Return this process's peak resident set size in MiB, or None where getrusage is missing."""
+    """Return this process's peak resident set size in MiB (Linux: VmHWM, which, unlike getrusage's maxrss,
+    does not carry over the parent's peak across fork/exec), or None where neither can be read."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         import resource
     except ImportError:  # Windows on Snapdragon

@@ -201,6 +201,8 @@ def profile(ctx: ContextBinary, qdq_model: Path, feed: Feed, runner: DeviceRunne
         "artifact": "context_binary",
         "latency_source": source,
         "latency_ms": timed.stats.as_dict(),
+        # every timed iteration, for the regression step's Mann-Whitney U test against a baseline
+        "latency_samples_ms": [round(t, 4) for t in timed.times_ms],
         "iterations": timed.stats.iterations,
         "duration_s": timed.duration_s,
         "warmup_iterations": rule.warmup,

@@ -1,0 +1,414 @@
+"""Baselines: one device × model's step outcomes and KPIs kept in a JSON file, and the rules that compare
+one KPI's baseline value with this run's.
+
+A baseline file is ``DIR/<device>/<model>.json`` (``--save-baseline DIR`` writes one per device × model at
+the end of a run)::
+
+    {"format": 1, "device": ..., "soc": ..., "model": ..., "model_sha256": ..., "harness_version": ...,
+     "saved_at": ..., "steps": {step: {"outcome": ..., "kpis": {...}}}}
+
+The comparison rules (``compare_*``) are pure: each returns a KpiVerdict, one of VERDICTS, with both values,
+the delta (absolute and %), the p-value where a test was run, and the rule in words. Latency compares the
+raw per-iteration samples as Google Benchmark's compare.py does: a two-sided Mann-Whitney U test at a
+significance level AND a relative change of the medians beyond a threshold, so run-to-run noise (a
+significant but small shift, or a large shift of a few noisy samples) does not count.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+from harness.errors import ConfigError, HarnessError
+
+if TYPE_CHECKING:
+    from harness.cache import ArtifactCache
+    from harness.models import ModelSpec
+    from harness.pipeline import Target
+    from harness.session import StepRecord
+
+FORMAT = 1
+REGRESSION_STEP = "regression"  # the step that compares: never part of a baseline
+VERDICTS = ("improved", "unchanged", "regressed", "new", "missing")
+MIN_SAMPLES = 5  # fewer latency samples on either side: the relative threshold alone
+RAN = ("passed", "failed", "error")  # outcomes of a step that ran (a skipped step did not)
+
+
+class BaselineError(HarnessError):
+    """A baseline file or directory cannot be read or written; the message names it and what is wrong."""
+
+
+# ---------------------------------------------------------------------------------------------- files
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One step's outcome (passed, failed, error, skipped) and KPIs."""
+
+    outcome: str
+    kpis: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One device × model's step results: a saved baseline, or this run's."""
+
+    device: str
+    soc: str
+    model: str
+    model_sha256: str
+    steps: dict[str, StepResult]
+    harness_version: str | None = None
+    saved_at: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        """The snapshot as a baseline file's JSON object."""
+        return {"format": FORMAT, "device": self.device, "soc": self.soc, "model": self.model,
+                "model_sha256": self.model_sha256, "harness_version": self.harness_version,
+                "saved_at": self.saved_at,
+                "steps": {name: {"outcome": s.outcome, "kpis": s.kpis} for name, s in self.steps.items()}}
+
+    def ran(self) -> bool:
+        """True when at least one step ran (passed, failed or errored) rather than being skipped."""
+        return any(s.outcome in RAN for s in self.steps.values())
+
+
+def snapshot(records: Iterable["StepRecord"], device: str, soc: str, model: str, model_sha256: str,
+             harness_version: str | None = None, saved_at: str | None = None) -> Snapshot:
+    """Return the Snapshot of device × model from step records (the regression step's own left out; a step
+    recorded twice keeps its last record)."""
+    steps: dict[str, StepResult] = {}
+    for r in records:
+        if r.device == device and r.model == model and r.step != REGRESSION_STEP:
+            steps.pop(r.step, None)  # re-recorded: moves to the end, in run order
+            steps[r.step] = StepResult(r.outcome, dict(r.kpis))
+    return Snapshot(device, soc, model, model_sha256, steps, harness_version, saved_at)
+
+
+def baseline_path(root: Path, device: str, model: str) -> Path:
+    """Return where the baseline of device × model lives under root: root/<device>/<model>.json."""
+    return root / device / f"{model}.json"
+
+
+def check_baseline_dir(root: Path) -> None:
+    """Raise ConfigError unless root (--baseline) is an existing directory."""
+    if not root.exists():
+        raise ConfigError(f"--baseline {root}: no such directory (write one first with --save-baseline {root})")
+    if not root.is_dir():
+        raise ConfigError(f"--baseline {root}: not a directory (it holds <device>/<model>.json files)")
+
+
+def check_save_dir(root: Path) -> None:
+    """Raise ConfigError unless root (--save-baseline) is, or can be created as, a writable directory
+    (nothing is created here: that happens when the baselines are saved)."""
+    probe = root
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe != root and not probe.is_dir():
+        raise ConfigError(f"--save-baseline {root}: cannot create it, {probe} is a file, not a directory")
+    if probe == root and not root.is_dir():
+        raise ConfigError(f"--save-baseline {root}: it is a file, not a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"--save-baseline {root}: {probe} is not writable by this user")
+
+
+def save_baseline(root: Path, snap: Snapshot) -> Path:
+    """Write snap to baseline_path(root, ...) atomically (a temporary file renamed into place); return the
+    path. Raises BaselineError naming the file when it cannot be written."""
+    path = baseline_path(root, snap.device, snap.model)
+    tmp: str | None = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{snap.model}-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump(snap.as_json(), f, indent=1, default=_json_default)
+        os.replace(tmp, path)
+    except OSError as e:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        raise BaselineError(f"cannot write the baseline {path}: {e.strerror or e}") from None
+    return path
+
+
+def load_baseline(path: Path) -> Snapshot:
+    """Return the Snapshot saved in path. Raises BaselineError naming the file and what is wrong with it
+    (unreadable, not JSON, another format, a missing or mistyped field)."""
+    try:
+        data = json.loads(path.read_text())
+    except OSError as e:
+        raise BaselineError(f"cannot read the baseline {path}: {e.strerror or e}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BaselineError(f"the baseline {path} is not valid JSON ({e}); save it again with --save-baseline")\
+            from None
+
+    def bad(what: str) -> BaselineError:
+        return BaselineError(f"the baseline {path} is not a harness baseline: {what}; save it again with "
+                             "--save-baseline")
+
+    if not isinstance(data, dict):
+        raise bad(f"the file holds a JSON {type(data).__name__}, not an object")
+    if data.get("format") != FORMAT:
+        raise bad(f"format is {data.get('format')!r}, this harness reads format {FORMAT}")
+    for key in ("device", "soc", "model", "model_sha256"):
+        if not isinstance(data.get(key), str):
+            raise bad(f"'{key}' is {'missing' if key not in data else repr(data[key])}, not a string")
+    steps = data.get("steps")
+    if not isinstance(steps, dict):
+        raise bad(f"'steps' is {'missing' if 'steps' not in data else type(steps).__name__}, not an object")
+    results: dict[str, StepResult] = {}
+    for name, step in steps.items():
+        if not isinstance(step, dict) or not isinstance(step.get("outcome"), str) \
+                or not isinstance(step.get("kpis"), dict):
+            raise bad(f"steps.{name} is not an object with a string 'outcome' and an object 'kpis'")
+        results[name] = StepResult(step["outcome"], step["kpis"])
+    return Snapshot(data["device"], data["soc"], data["model"], data["model_sha256"], results,
+                    _optional_str(data.get("harness_version")), _optional_str(data.get("saved_at")))
+
+
+def _optional_str(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    if isinstance(value, (set, tuple)):
+        return list(value)
+    return str(value)
+
+
+def model_sha256(spec: "ModelSpec", cache: "ArtifactCache") -> str:
+    """Return the sha256 of the model file under test: the user's file, or a zoo model's built file in the
+    cache ("zoo:<name>" while the zoo model has not been built). Raises BaselineError when the file cannot
+    be read."""
+    if spec.is_zoo:
+        if not (cache.root / "zoo" / spec.name).is_dir():
+            return f"zoo:{spec.name}"
+        from harness.model_sources import source_model
+
+        path = source_model(spec, cache)
+    else:
+        path = spec.path
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+    except OSError as e:
+        raise BaselineError(f"cannot hash the model file {path}: {e.strerror or e}") from None
+    return digest.hexdigest()
+
+
+def harness_version() -> str | None:
+    """Return the installed harness's version (None when it is run from a source tree that is not installed)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("snapdragon-onboarding-harness")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def now_iso() -> str:
+    """Return the current UTC time as an ISO 8601 string, to the second."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass(frozen=True)
+class Saved:
+    """What --save-baseline did for one device × model: the file written, or why none was."""
+
+    device: str
+    model: str
+    path: Path | None
+    steps: int = 0
+    reason: str = ""
+
+
+def save_baselines(root: Path, targets: Sequence["Target"], records: Sequence["StepRecord"],
+                   cache: "ArtifactCache") -> list[Saved]:
+    """Write one baseline per target that ran at least one step (a target whose steps were all skipped or
+    deselected keeps any earlier baseline); return what was done per target. Raises BaselineError when a
+    file cannot be written."""
+    saved_at, version = now_iso(), harness_version()
+    done = []
+    for t in targets:
+        snap = snapshot(records, t.device.id, t.soc.id, t.model.name, "", version, saved_at)
+        if not snap.ran():
+            done.append(Saved(t.device.id, t.model.name, None,
+                              reason="no step ran on it in this run (all skipped or deselected)"))
+            continue
+        snap = replace(snap, model_sha256=model_sha256(t.model, cache))
+        done.append(Saved(t.device.id, t.model.name, save_baseline(root, snap), len(snap.steps)))
+    return done
+
+
+# ---------------------------------------------------------------------------------------------- rules
+
+
+@dataclass(frozen=True)
+class KpiVerdict:
+    """One KPI of one step, baseline against this run: verdict is one of VERDICTS."""
+
+    kpi: str
+    step: str
+    baseline: Any
+    current: Any
+    delta: float | None
+    delta_pct: float | None
+    verdict: str
+    p_value: float | None
+    rule: str
+    unit: str = ""
+    detail: str = field(default="", compare=False)  # the message's parenthesis, e.g. "+30.3%, Mann-Whitney p=0.0001"
+
+    def as_dict(self) -> dict[str, Any]:
+        """The verdict as a `verdicts` KPI row: kpi, step, baseline, current, delta, delta_pct, verdict,
+        p_value, rule."""
+        return {"kpi": self.kpi, "step": self.step, "baseline": self.baseline, "current": self.current,
+                "delta": self.delta, "delta_pct": self.delta_pct, "verdict": self.verdict,
+                "p_value": self.p_value, "rule": self.rule}
+
+    def message(self) -> str:
+        """Return the verdict in one line, e.g. 'profile latency_ms.p50 regressed: 2.61 -> 3.4 ms (+30.3%,
+        Mann-Whitney p=0.0001)'."""
+        unit = f" {self.unit}" if self.unit else ""
+        text = f"{self.step} {self.kpi} {self.verdict}: {_fmt(self.baseline)} -> {_fmt(self.current)}{unit}"
+        return f"{text} ({self.detail})" if self.detail else text
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, int) or (math.isfinite(value) and value == int(value) and abs(value) >= 1000):
+        return f"{int(value)}"
+    return f"{value:.4g}"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+
+
+def _deltas(baseline: float, current: float) -> tuple[float | None, float | None]:
+    """Return (current - baseline, that change in % of |baseline|); None where it is not finite."""
+    delta = current - baseline
+    if not math.isfinite(delta):
+        return None, None
+    pct = 100.0 * delta / abs(baseline) if baseline and math.isfinite(baseline) else None
+    return round(delta, 6), (round(pct, 2) if pct is not None else None)
+
+
+def one_side(step: str, kpi: str, baseline: Any, current: Any, rule: str, unit: str = "") -> KpiVerdict | None:
+    """Return `new` when only this run has the KPI, `missing` when only the baseline has it, None when both
+    (or neither) do."""
+    if baseline is None and current is not None:
+        return KpiVerdict(kpi, step, None, current, None, None, "new", None, rule, unit, "not in the baseline")
+    if baseline is not None and current is None:
+        return KpiVerdict(kpi, step, baseline, None, None, None, "missing", None, rule, unit, "not in this run")
+    return None
+
+
+def compare_higher(step: str, kpi: str, baseline: float | None, current: float | None, tolerance: float,
+                   unit: str = "") -> KpiVerdict | None:
+    """Compare a higher-is-better KPI (accuracy) by an absolute tolerance: `regressed` below baseline -
+    tolerance, `improved` above baseline + tolerance, else `unchanged` (new/missing when one side has
+    none; None when neither has)."""
+    rule = f"absolute: a drop of more than {tolerance:g}{' ' + unit if unit else ''} regresses (higher is better)"
+    side = one_side(step, kpi, baseline, current, rule, unit)
+    if side is not None or baseline is None:
+        return side
+    delta, pct = _deltas(baseline, current)
+    change = current - baseline
+    verdict = "regressed" if change < -tolerance else "improved" if change > tolerance else "unchanged"
+    detail = f"{_signed(change)}{' ' + unit if unit else ''}, tolerance {tolerance:g}"
+    return KpiVerdict(kpi, step, baseline, current, delta, pct, verdict, None, rule, unit, detail)
+
+
+def compare_lower(step: str, kpi: str, baseline: float | None, current: float | None, threshold: float,
+                  unit: str = "", why: str = "") -> KpiVerdict | None:
+    """Compare a lower-is-better KPI (memory, size, energy, latency without samples) by a relative
+    threshold: `regressed` above baseline x (1 + threshold), `improved` below baseline x (1 - threshold),
+    else `unchanged` (a baseline of 0: any growth regresses). why is added to the rule."""
+    rule = f"relative: a change beyond ±{threshold:.0%} counts (lower is better)" + (f"; {why}" if why else "")
+    side = one_side(step, kpi, baseline, current, rule, unit)
+    if side is not None or baseline is None:
+        return side
+    delta, pct = _deltas(baseline, current)
+    verdict = _relative_verdict(baseline, current, threshold)
+    detail = f"{pct:+.1f}%, threshold {threshold:.0%}" if pct is not None else f"{_signed(current - baseline)}"
+    return KpiVerdict(kpi, step, baseline, current, delta, pct, verdict, None, rule, unit, detail)
+
+
+def _relative_verdict(baseline: float, current: float, threshold: float) -> str:
+    if baseline == 0:
+        return "unchanged" if current == 0 else "regressed" if current > 0 else "improved"
+    rel = (current - baseline) / abs(baseline)
+    return "regressed" if rel > threshold else "improved" if rel < -threshold else "unchanged"
+
+
+def _signed(value: float) -> str:
+    return f"{value:+.4g}"
+
+
+def mann_whitney_p(baseline: Sequence[float], current: Sequence[float]) -> float:
+    """Return the two-sided Mann-Whitney U test's p-value of two samples (1.0 where it is undefined)."""
+    from scipy.stats import mannwhitneyu
+
+    p = float(mannwhitneyu(list(baseline), list(current), alternative="two-sided").pvalue)
+    return 1.0 if math.isnan(p) else p
+
+
+def compare_samples(step: str, kpi: str, baseline: Sequence[float] | None, current: Sequence[float] | None,
+                    alpha: float, threshold: float, unit: str = "ms") -> KpiVerdict | None:
+    """Compare two samples of a lower-is-better measurement (latency) by their medians: `regressed` when the
+    Mann-Whitney U test is significant (p < alpha) AND the median grew by more than threshold, `improved`
+    when significant and it shrank by more than threshold, else `unchanged`. With fewer than MIN_SAMPLES on
+    either side the relative threshold alone decides, and the rule says so. The verdict's values are the
+    medians."""
+    import numpy as np
+
+    med_b = round(float(np.median(baseline)), 6) if baseline else None
+    med_c = round(float(np.median(current)), 6) if current else None
+    rule = (f"Mann-Whitney U two-sided p < {alpha:g} and a change of the median beyond ±{threshold:.0%} "
+            "(lower is better)")
+    side = one_side(step, kpi, med_b, med_c, rule, unit)
+    if side is not None or med_b is None:
+        return side
+    delta, pct = _deltas(med_b, med_c)
+    pct_text = f"{pct:+.1f}%" if pct is not None else _signed(med_c - med_b)
+    if len(baseline) < MIN_SAMPLES or len(current) < MIN_SAMPLES:
+        rule = (f"relative: a change of the median beyond ±{threshold:.0%} counts (lower is better); too few "
+                f"samples for the Mann-Whitney U test ({len(baseline)} in the baseline, {len(current)} now, "
+                f"{MIN_SAMPLES} needed on each side), so the threshold alone decides")
+        return KpiVerdict(kpi, step, med_b, med_c, delta, pct, _relative_verdict(med_b, med_c, threshold), None,
+                          rule, unit, f"{pct_text}, relative threshold only: too few samples")
+    p = mann_whitney_p(baseline, current)
+    verdict = _relative_verdict(med_b, med_c, threshold) if p < alpha else "unchanged"
+    return KpiVerdict(kpi, step, med_b, med_c, delta, pct, verdict, float(f"{p:.3g}"), rule, unit,
+                      f"{pct_text}, Mann-Whitney p={p:.2g}")
+
+
+def compare_outcome(step: str, baseline: str | None, current: str | None) -> KpiVerdict | None:
+    """Compare a step's outcome: `regressed` when it passed in the baseline and fails (or errors) now,
+    `improved` the other way round, `new`/`missing` when it ran on one side only (skipped counts as not
+    run), else `unchanged`; None when it ran on neither side."""
+    rule = "a step that passed in the baseline and fails now regresses"
+    base = baseline if baseline in RAN else None
+    cur = current if current in RAN else None
+    side = one_side(step, "outcome", base, cur, rule)
+    if side is not None or base is None:
+        return side
+    verdict = ("regressed" if base == "passed" and cur != "passed" else
+               "improved" if base != "passed" and cur == "passed" else "unchanged")
+    return KpiVerdict("outcome", step, base, cur, None, None, verdict, None, rule)

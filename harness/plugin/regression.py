@@ -1,0 +1,118 @@
+"""pytest options, hooks and the fixture of baselines and regression gates.
+
+* ``--save-baseline DIR``: at the end of the session (on the controller; under pytest-xdist the step
+  records arrive there through the test reports) one baseline file per device × model that ran a step,
+  ``DIR/<device>/<model>.json`` (harness.baseline).
+* ``--baseline DIR``: the regression step (suite test_15_regression.py, run last) compares this run's
+  records of its device × model with DIR's file (harness.steps.regression); without the option, or without
+  a file for the device × model, it is skipped saying why.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.baseline import REGRESSION_STEP
+from harness.errors import HarnessError
+from harness.plugin import SESSION_KEY, Outcome, _outcome
+
+_SAVED_KEY = pytest.StashKey[list]()
+_SAVE_ERROR_KEY = pytest.StashKey[str]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("snapdragon")
+    group.addoption("--baseline", default=None, metavar="DIR",
+                    help="regression step: compare this run's KPIs with the baselines in DIR "
+                         "(DIR/<device>/<model>.json, written by --save-baseline)")
+    group.addoption("--save-baseline", default=None, metavar="DIR",
+                    help="at the end of the run, save each device x model's step outcomes and KPIs (with the raw "
+                         "latency samples) as DIR/<device>/<model>.json")
+
+
+def _dir(value: str | None) -> Path | None:
+    return Path(value).expanduser().absolute() if value else None
+
+
+@pytest.hookimpl(trylast=True)  # after the core plugin has made the HarnessSession
+def pytest_configure(config: pytest.Config) -> None:
+    from harness.baseline import check_baseline_dir, check_save_dir
+
+    baseline, save = _dir(config.option.baseline), _dir(config.option.save_baseline)
+    try:
+        if baseline is not None:
+            check_baseline_dir(baseline)
+        if save is not None:
+            check_save_dir(save)
+    except HarnessError as e:
+        raise pytest.UsageError(str(e)) from None
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's reordering by fixture parameters
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # The regression step compares the records of the steps that ran before it: it runs last.
+    last = [item for item in items if _is_regression(item)]
+    if last:
+        items[:] = [item for item in items if not _is_regression(item)] + last
+
+
+def _is_regression(item: pytest.Item) -> bool:
+    marker = item.get_closest_marker("step")
+    return marker is not None and bool(marker.args) and marker.args[0] == REGRESSION_STEP
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    from harness.baseline import save_baselines
+
+    config = session.config
+    root = _dir(config.option.save_baseline)
+    hs = config.stash.get(SESSION_KEY, None)
+    if root is None or hs is None or hasattr(config, "workerinput"):
+        return
+    if exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+        reason = pytest.ExitCode(exitstatus).name.lower().replace("_", " ")
+        config.stash[_SAVE_ERROR_KEY] = (f"no baseline saved in {root}: the run ended with exit status "
+                                         f"{int(exitstatus)} ({reason}), so earlier baselines are kept")
+        return
+    try:
+        config.stash[_SAVED_KEY] = save_baselines(root, hs.targets, hs.records, hs.cache)
+    except HarnessError as e:
+        config.stash[_SAVE_ERROR_KEY] = f"--save-baseline {root}: {e}"
+        if session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:  # type: ignore[no-untyped-def]
+    """Say which baseline files --save-baseline wrote, and for which device x model none was written, and why."""
+    saved, error = config.stash.get(_SAVED_KEY, None), config.stash.get(_SAVE_ERROR_KEY, None)
+    if saved is None and error is None:
+        return
+    terminalreporter.write_sep("=", "baselines")
+    for s in saved or []:
+        if s.path is not None:
+            terminalreporter.write_line(f"saved {s.path} ({s.steps} steps of {s.device} x {s.model})")
+        else:
+            terminalreporter.write_line(f"not saved for {s.device} x {s.model}: {s.reason}", yellow=True)
+    if error is not None:
+        terminalreporter.write_line(error, red=True)
+
+
+@pytest.fixture
+def regression(target, harness_session, pytestconfig: pytest.Config) -> Outcome:
+    """The regression step's outcome: this run's records of the target against its baseline file (function
+    scope: it reads the records of the steps that ran before it). Skipped without --baseline, or when the
+    baseline directory has no file for this device x model."""
+    from harness.baseline import baseline_path
+    from harness.steps.regression import regression_against
+
+    root = _dir(pytestconfig.option.baseline)
+    if root is None:
+        pytest.skip("no --baseline DIR given: there is no baseline to compare this run with")
+    path = baseline_path(root, target.device.id, target.model.name)
+    if not path.is_file():
+        pytest.skip(f"no baseline for {target.device.id} x {target.model.name}: expected {path} "
+                    f"(write it with --save-baseline {root})")
+    return _outcome(REGRESSION_STEP,
+                    lambda: regression_against(path, target, harness_session.records, harness_session.cache))
