@@ -8,12 +8,13 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     """Dispatch to a sub-command; return its exit code."""
-    from harness import allure_report, corpus, profile_view
+    from harness import allure_report, corpus, profile_view, signoff
 
     parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     profile_view.add_parser(sub)
     allure_report.add_parser(sub)
+    signoff.add_parser(sub)
     corpus.add_parser(sub)
     args = parser.parse_args(argv)
     return args.func(args)

@@ -10,6 +10,7 @@ need=()
 command -v adb >/dev/null 2>&1 || need+=(adb)
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 command -v espeak-ng >/dev/null 2>&1 || need+=(espeak-ng)  # speaks the wake-word corpus model's phrase
+[ -x /usr/bin/chromium ] || need+=(chromium)  # renders the sign-off page and the Allure report in the tests
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq

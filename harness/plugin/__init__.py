@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -165,7 +166,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         report.user_properties.append((RECORD_PROPERTY, {
             "device": target.device.id, "soc": target.soc.id, "model": target.model.name,
             "step": marker.args[0], "outcome": state, "kpis": item.stash.get(_KPIS_KEY, {}),
-            "message": message}))
+            "message": re.sub(r"^(Failed|Skipped): ", "", message)}))
 
 
 _KPIS_KEY = pytest.StashKey[dict]()

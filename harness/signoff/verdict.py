@@ -1,0 +1,185 @@
+"""The release verdict: GO only when no step failed, no KPI regressed against its baseline, no device is
+quarantined and every expected step ran, on every device x model of the runs; else NO-GO with each reason."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.errors import HarnessError
+from harness.signoff.format import COMPARE_DIGITS, headline, value_text, when
+from harness.signoff.inputs import NOT_RUN, DeviceState, RunSet, StepResult
+
+REGRESSION_STEP = "regression"
+REASON_KINDS = ("failed", "regression", "quarantined", "not_run")
+_STEP_MARKER = re.compile(r"""mark\.step\(\s*["']([\w.-]+)["']""")
+
+
+class ExpectedStepsError(HarnessError):
+    """--expect-steps names no step."""
+
+
+@dataclass(frozen=True)
+class KpiDelta:
+    """A KPI of the regression step's verdicts: baseline and current values and what changed."""
+
+    device: str
+    model: str
+    step: str
+    kpi: str
+    baseline: Any
+    current: Any
+    delta: Any
+    delta_pct: Any
+    verdict: str
+    p_value: Any
+    rule: str = ""
+
+    def describe(self) -> str:
+        """Return 'kpi: baseline -> current (+x%), p=...' for the reasons list (the step is said beside it)."""
+        pct = f" ({self.delta_pct:+.1f}%)" if isinstance(self.delta_pct, (int, float)) else ""
+        p = f", p={self.p_value:.3g}" if isinstance(self.p_value, (int, float)) else ""
+        return f"{self.kpi}: baseline {_short(self.baseline)} -> {_short(self.current)}{pct}{p}"
+
+
+@dataclass(frozen=True)
+class Reason:
+    """Why the release is NO-GO: a failed step, a regression, a quarantined device, or a step not run."""
+
+    kind: str
+    device: str
+    model: str
+    step: str
+    message: str
+
+    def describe(self) -> str:
+        """Return the reason as one line: 'kind: device / model / step: message'."""
+        where = " / ".join(x for x in (self.device, self.model, self.step) if x)
+        return f"{self.kind.replace('_', ' ')}: {where}: {self.message}" if self.message else f"{self.kind}: {where}"
+
+
+@dataclass(frozen=True)
+class ReleaseVerdict:
+    """GO or NO-GO, the reasons, the expected steps and the rule that chose them, and the baseline deltas."""
+
+    reasons: list[Reason]
+    expected_steps: list[str]
+    expect_rule: str
+    deltas: list[KpiDelta] = field(default_factory=list)
+    skipped_everywhere: dict[str, str] = field(default_factory=dict)  # not expected: step -> a skip message
+    not_recorded: list[str] = field(default_factory=list)  # steps of the suites no device x model recorded
+
+    @property
+    def go(self) -> bool:
+        """Return True when there is no reason against the release."""
+        return not self.reasons
+
+    @property
+    def label(self) -> str:
+        """Return 'GO' or 'NO-GO'."""
+        return "GO" if self.go else "NO-GO"
+
+    def by_kind(self, kind: str) -> list[Reason]:
+        """Return the reasons of one kind (failed, regression, quarantined, not_run)."""
+        return [r for r in self.reasons if r.kind == kind]
+
+
+def suite_steps() -> list[str]:
+    """Return the onboarding steps of the shipped suites in their run order (from their step markers)."""
+    suites = Path(__file__).resolve().parent.parent / "suites"
+    steps: list[str] = []
+    for module in sorted(suites.glob("test_*.py")):
+        steps += [s for s in _STEP_MARKER.findall(module.read_text(encoding="utf-8")) if s not in steps]
+    return steps
+
+
+def order_steps(steps: set[str] | list[str]) -> list[str]:
+    """Return steps in the suites' order, steps the suites do not have after them in name order."""
+    canonical = suite_steps()
+    rank = {s: i for i, s in enumerate(canonical)}
+    return sorted(set(steps), key=lambda s: (rank.get(s, len(rank)), s))
+
+
+def expected_steps(runs: RunSet, rule: str = "seen") -> tuple[list[str], str]:
+    """Return the steps every device x model must have passed, and the rule in words.
+
+    rule: 'seen' (every step that ran, not skipped, on at least one device x model of the runs: a step
+    skipped everywhere, such as the regression step without --baseline or the sweep with --sweep off, was
+    turned off for the run), 'all' (every step of the suites, plus any recorded), or a comma-separated list.
+    Raises ExpectedStepsError for a list naming no step.
+    """
+    seen = {r.step for r in runs.results}
+    if rule == "seen":
+        ran = {r.step for r in runs.results if r.outcome != "skipped"}
+        return order_steps(ran), "every step that ran on at least one device × model of these runs"
+    if rule == "all":
+        return order_steps(seen | set(suite_steps())), "every step of the onboarding suites"
+    listed = [s.strip() for s in rule.split(",") if s.strip()]
+    if not listed:
+        raise ExpectedStepsError(f"--expect-steps {rule!r} names no step: give 'seen', 'all' or STEP,STEP,...")
+    return order_steps(listed), "the steps given with --expect-steps"
+
+
+def regression_deltas(record: StepResult) -> list[KpiDelta]:
+    """Return the KPI verdicts of a regression step's record (empty when it has none)."""
+    out = []
+    for v in record.kpis.get("verdicts") or []:
+        if isinstance(v, dict) and v.get("kpi"):
+            out.append(KpiDelta(record.device, record.model, str(v.get("step") or ""), str(v["kpi"]),
+                                v.get("baseline"), v.get("current"), v.get("delta"), v.get("delta_pct"),
+                                str(v.get("verdict") or ""), v.get("p_value"), str(v.get("rule") or "")))
+    return out
+
+
+def decide(runs: RunSet, rule: str = "seen") -> ReleaseVerdict:
+    """Return the release verdict of the merged runs under the expected-steps rule (see expected_steps)."""
+    expected, rule_text = expected_steps(runs, rule)
+    reasons: list[Reason] = []
+    deltas: list[KpiDelta] = []
+    for r in runs.results:
+        if r.step == REGRESSION_STEP and r.outcome != "skipped":
+            record_deltas = regression_deltas(r)
+            deltas += record_deltas
+            if r.outcome == "failed":
+                reasons += _regression_reasons(r, record_deltas)
+                continue
+        if r.outcome in ("failed", "error"):
+            reasons.append(Reason("failed", r.device, r.model, r.step, headline(r.message) or r.outcome))
+    reasons += [Reason("quarantined", d.id, "", "", _device_reason(d)) for d in runs.devices if d.out_of_service]
+    reasons += _not_run(runs, expected)
+    reasons.sort(key=lambda x: REASON_KINDS.index(x.kind))
+    skipped = {r.step: headline(r.message) for r in runs.results if r.step not in expected and r.outcome == "skipped"}
+    recorded = {r.step for r in runs.results}
+    missing = [s for s in suite_steps() if s not in expected and s not in recorded]
+    return ReleaseVerdict(reasons, expected, rule_text, deltas, dict(sorted(skipped.items())), missing)
+
+
+def _regression_reasons(record: StepResult, deltas: list[KpiDelta]) -> list[Reason]:
+    regressed = [d for d in deltas if d.verdict == "regressed"]
+    if not regressed:
+        return [Reason("regression", record.device, record.model, record.step,
+                       headline(record.message) or "the regression step failed")]
+    return [Reason("regression", record.device, record.model, d.step or record.step, d.describe()) for d in regressed]
+
+
+def _not_run(runs: RunSet, expected: list[str]) -> list[Reason]:
+    out = []
+    for device, _, model in runs.targets():
+        for step in expected:
+            r = runs.result(device, model, step)
+            if r is None:
+                out.append(Reason("not_run", device, model, step, f"{NOT_RUN}: no record of this step"))
+            elif r.outcome == "skipped":
+                out.append(Reason("not_run", device, model, step, f"skipped: {headline(r.message) or 'no reason'}"))
+    return out
+
+
+def _device_reason(d: DeviceState) -> str:
+    text = f"{d.status}" + (f": {d.reason}" if d.reason else "")
+    return text + (f" (since {when(d.since)})" if d.since else "")
+
+
+def _short(value: Any) -> str:
+    return value_text(value, digits=COMPARE_DIGITS)
