@@ -212,19 +212,11 @@ class HarnessSession:
 
 
 def environment(started_at: str, duration_s: float) -> dict[str, Any]:
-    """Return the versions and run times a sign-off records (harness, onnxruntime, QNN EP, Python, platform)."""
-    import platform
-    from importlib import metadata
+    """Return the versions a sign-off records (harness, onnxruntime, QNN EP and SDK, Python, platform) and the
+    run's start time and duration."""
+    from harness.allure_report import tool_versions
 
-    def version(name: str) -> str | None:
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            return None
-
-    return {"harness_version": version("snapdragon-onboarding-harness"), "onnxruntime": version("onnxruntime"),
-            "onnxruntime_qnn": version("onnxruntime-qnn"), "python": platform.python_version(),
-            "platform": platform.platform(), "started_at": started_at, "duration_s": round(duration_s, 1)}
+    return {**tool_versions(), "started_at": started_at, "duration_s": round(duration_s, 1)}
 
 
 def _json_default(value: Any) -> Any:
