@@ -16,17 +16,17 @@ significant but small shift, or a large shift of a few noisy samples) does not c
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
 import tempfile
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from harness.errors import ConfigError, HarnessError
+from harness.farm import now_iso
+from harness.transports.base import sha256_file
 
 if TYPE_CHECKING:
     from harness.cache import ArtifactCache
@@ -198,14 +198,10 @@ def model_sha256(spec: "ModelSpec", cache: "ArtifactCache") -> str:
         path = source_model(spec, cache)
     else:
         path = spec.path
-    digest = hashlib.sha256()
     try:
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                digest.update(chunk)
+        return sha256_file(path)
     except OSError as e:
         raise BaselineError(f"cannot hash the model file {path}: {e.strerror or e}") from None
-    return digest.hexdigest()
 
 
 def harness_version() -> str | None:
@@ -216,11 +212,6 @@ def harness_version() -> str | None:
         return metadata.version("snapdragon-onboarding-harness")
     except metadata.PackageNotFoundError:
         return None
-
-
-def now_iso() -> str:
-    """Return the current UTC time as an ISO 8601 string, to the second."""
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 @dataclass(frozen=True)
