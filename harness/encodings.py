@@ -1,17 +1,37 @@
 """QAIRT / AIMET quantization encodings: export them from a QDQ model, import them as quantization overrides.
 
-The file format is the one `qairt-converter --quantization_overrides`, `qnn-onnx-converter
---quantization_overrides` and AIMET's `QuantizationSimModel.export` use (AIMET encoding spec 0.6.1)::
+Three layouts are read, as `aimet-onnx` 2.42 `QuantizationSimModel.export(encoding_version=...)` writes
+them and `qairt-converter --quantization_overrides` reads them:
+
+* 0.6.1 -- sections map tensor names to lists of encodings (one, or one per channel)::
 
     {"version": "0.6.1",
      "activation_encodings": {"<tensor>": [{"bitwidth": 8, "dtype": "int", "is_symmetric": "False",
                                              "min": -2.1, "max": 2.6, "offset": -114, "scale": 0.0185}]},
      "param_encodings": {"<initializer>": [<one encoding, or one per output channel>]}}
 
+* 1.0.0 (AIMET's default) -- sections are lists of entries that carry their name, arrays of scales
+  and offsets and an encoding type::
+
+    {"version": "1.0.0", "activation_encodings": [{"name": "<tensor>", "bw": 8, "dtype": "INT",
+     "enc_type": "PER_TENSOR", "is_sym": false, "offset": [-114], "scale": [0.0185]}], "param_encodings": [...]}
+
+* 2.x (2.0.0, 2.1.0) -- one flat list in ONNX QuantizeLinear terms, with no activation/parameter
+  split (initializers of the graph are parameters)::
+
+    {"version": "2.0.0", "encodings": [{"name": "<tensor>", "output_dtype": "uint8", "y_scale": 0.0185,
+     "y_zero_point": 114}, {"name": "<weight>", "output_dtype": "int4", "y_scale": [...], "axis": 0}]}
+
+Top-level metadata (`producer`, `quantizer_args`, `excluded_layers`, ...) is ignored. AIMET lists
+some initializers (Gather tables, constants) under activation encodings: they are applied as
+parameter encodings. A per-channel list without an axis (0.6.1, 1.0.0) takes the axis AIMET uses:
+Conv 0, ConvTranspose 1, Gemm 0 with transB=1 and 1 without, MatMul the last axis, Gather the
+gathered axis (the node's `axis`, 0 for embedding tables).
+
 QNN dequantizes as ``real = (q + offset) * scale`` with ``q`` in ``[0, 2**bitwidth - 1]``, so for an
 unsigned ONNX type ``offset = -zero_point`` and for a signed one ``offset = -(zero_point + 2**(bitwidth-1))``
-(a symmetric signed 8-bit weight has offset -128). Bias encodings (32-bit) are not exported: QAIRT
-and onnxruntime both derive them as input scale × weight scale.
+(a symmetric signed 8-bit weight has offset -128). Bias encodings (32-bit) are not applied: QAIRT
+and onnxruntime both derive them as input scale x weight scale.
 """
 
 from __future__ import annotations
@@ -25,28 +45,35 @@ from typing import Any
 import numpy as np
 
 from harness.cache import ArtifactCache, content_key
-from harness.errors import ConfigError
+from harness.errors import ConfigError, ModelError
 
-FORMAT_VERSION = "0.6.1"
+FORMAT_VERSION = "0.6.1"  # the layout this harness writes
 ACTIVATION_BITWIDTHS = (8, 16)
 PARAM_BITWIDTHS = (4, 8, 16)
 BIAS_BITWIDTH = 32
 VALID_BITWIDTHS = (4, 8, 16, 32)
+INT4_OPSET = 21  # DequantizeLinear takes tensor(int4) from opset 21
+METADATA_KEYS = ("version", "producer", "quantizer_args", "excluded_layers", "metadata")  # read, not applied
 _QUANT_SUFFIX = "_quantized"  # onnxruntime's TENSOR_NAME_QUANT_SUFFIX
 _QUANT_INPUT_SUFFIX = "_QuantizeLinear_Input"  # onnxruntime's name for a quantized graph output's producer
-_PER_CHANNEL_AXIS = {"Conv": 0, "ConvTranspose": 1}
 _REMOVABLE_ACTIVATIONS = {"Relu", "Clip"}  # onnxruntime's QDQ quantizer folds these into their producer
+_BLOCK_TYPES = {"PER_BLOCK", "LPBQ", "VECTOR"}  # 1.0.0 enc_type values with no onnxruntime QDQ equivalent
+_BLOCK_FIELDS = ("block_size", "per_block_int_scale", "per_channel_float_scale")  # 2.x blockwise / LPBQ
 
 
 @dataclass(frozen=True)
 class Encoding:
-    """One QNN encoding: real = (q + offset) * scale, q unsigned of `bitwidth` bits."""
+    """One QNN encoding: real = (q + offset) * scale, q unsigned of `bitwidth` bits.
+
+    `axis` is the channel axis of a per-channel list when the file states it (2.x), else None.
+    """
 
     bitwidth: int
     scale: float
     offset: int
     is_symmetric: bool = False
     dtype: str = "int"
+    axis: int | None = None
 
     @property
     def min(self) -> float:
@@ -59,25 +86,37 @@ class Encoding:
         return (2 ** self.bitwidth - 1 + self.offset) * self.scale
 
     def to_json(self) -> dict[str, Any]:
-        """Return the encoding as a QAIRT/AIMET JSON entry."""
-        return {"bitwidth": self.bitwidth, "dtype": self.dtype, "is_symmetric": str(self.is_symmetric),
-                "max": float(self.max), "min": float(self.min), "offset": int(self.offset),
-                "scale": float(self.scale)}
+        """Return the encoding as a QAIRT/AIMET 0.6.1 JSON entry (plus `axis` when known)."""
+        entry = {"bitwidth": self.bitwidth, "dtype": self.dtype, "is_symmetric": str(self.is_symmetric),
+                 "max": float(self.max), "min": float(self.min), "offset": int(self.offset),
+                 "scale": float(self.scale)}
+        if self.axis is not None:
+            entry["axis"] = self.axis
+        return entry
 
 
 @dataclass(frozen=True)
 class Encodings:
-    """Activation and parameter encodings by tensor name; `source` says where they came from."""
+    """Activation and parameter encodings by tensor name; `source` says where they came from.
+
+    A 2.x file has no activation/parameter split: its per-channel entries are read as parameters,
+    the rest as activations, and to_tensor_overrides sorts them by the graph.
+    """
 
     activations: dict[str, list[Encoding]] = field(default_factory=dict)
     params: dict[str, list[Encoding]] = field(default_factory=dict)
     source: str = ""
+    version: str = FORMAT_VERSION  # the layout the file used
 
     def to_json(self) -> dict[str, Any]:
-        """Return the QAIRT `--quantization_overrides` document."""
+        """Return the QAIRT `--quantization_overrides` document (0.6.1 layout)."""
         return {"version": FORMAT_VERSION,
                 "activation_encodings": {k: [e.to_json() for e in v] for k, v in self.activations.items()},
                 "param_encodings": {k: [e.to_json() for e in v] for k, v in self.params.items()}}
+
+    def uses_int4(self) -> bool:
+        """True when some tensor has a 4-bit encoding (the QDQ model then needs opset 21)."""
+        return any(e.bitwidth == 4 for v in (*self.activations.values(), *self.params.values()) for e in v)
 
 
 # --------------------------------------------------------------------------------------------- parsing
@@ -89,6 +128,8 @@ def load_encodings(path: Path) -> Encodings:
         text = path.read_text()
     except OSError as e:
         raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file (expected a QAIRT/AIMET encodings JSON file)") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
@@ -98,24 +139,49 @@ def load_encodings(path: Path) -> Encodings:
 
 
 def parse_encodings(data: Any, source: str) -> Encodings:
-    """Return validated Encodings from a parsed overrides document; raise ConfigError naming the entry."""
+    """Return validated Encodings from a parsed overrides document (0.6.1, 1.0.0 or 2.x layout);
+    raise ConfigError naming the entry."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a JSON object with 'activation_encodings' and/or "
-                          f"'param_encodings', got {type(data).__name__}")
-    unknown = sorted(set(data) - {"version", "activation_encodings", "param_encodings", "quantizer_args"})
+                          f"'param_encodings' (0.6.1, 1.0.0) or 'encodings' (2.x), got {type(data).__name__}")
+    sections = ("activation_encodings", "param_encodings", "encodings")
+    unknown = sorted(set(data) - set(sections) - set(METADATA_KEYS))
     if unknown:
         raise ConfigError(f"{source}: unknown top-level key(s) {', '.join(unknown)} (expected "
-                          "'activation_encodings', 'param_encodings', 'version', 'quantizer_args')")
+                          f"{', '.join(repr(k) for k in sections)} and metadata {', '.join(METADATA_KEYS)})")
+    version = data.get("version")
+    if version is not None and not isinstance(version, str):
+        raise ConfigError(f"{source}: 'version' {version!r} must be a string such as \"1.0.0\"")
+    if "encodings" in data:
+        if "activation_encodings" in data or "param_encodings" in data:
+            raise ConfigError(f"{source}: 'encodings' (2.x) cannot be mixed with 'activation_encodings' / "
+                              "'param_encodings' (0.6.1, 1.0.0)")
+        if version is not None and not version.startswith("2."):
+            raise ConfigError(f"{source}: version {version} files have 'activation_encodings' and "
+                              "'param_encodings'; the flat 'encodings' list is the 2.x layout")
+        return _parse_v2(data["encodings"], source, version or "2.0.0")
     if "activation_encodings" not in data and "param_encodings" not in data:
-        raise ConfigError(f"{source}: neither 'activation_encodings' nor 'param_encodings' is present")
-    groups = {}
+        raise ConfigError(f"{source}: neither 'activation_encodings', 'param_encodings' nor 'encodings' is present")
+    if version is not None and version.startswith("2."):
+        raise ConfigError(f"{source}: version {version} files have one flat 'encodings' list, "
+                          "not 'activation_encodings' / 'param_encodings'")
+    groups, layouts = {}, set()
     for group, kind in (("activation_encodings", "activation"), ("param_encodings", "param")):
         entries = data.get(group, {})
-        if not isinstance(entries, dict):
-            raise ConfigError(f"{source}: '{group}' must map tensor names to lists of encodings")
-        groups[kind] = {name: _parse_entry(value, f"{source}: {group}['{name}']", kind)
-                        for name, value in entries.items()}
-    return Encodings(groups["activation"], groups["param"], source)
+        if isinstance(entries, dict):  # 0.6.1: {name: [encoding, ...]}
+            layouts.add("0.6.1")
+            groups[kind] = {name: _parse_entry(value, f"{source}: {group}['{name}']", kind)
+                            for name, value in entries.items()}
+        elif isinstance(entries, list):  # 1.0.0: [{"name": ..., "bw": ..., "scale": [...], ...}]
+            layouts.add("1.0.0")
+            groups[kind] = _parse_v1_list(entries, f"{source}: {group}", kind)
+        else:
+            raise ConfigError(f"{source}: '{group}' must map tensor names to lists of encodings (0.6.1) or "
+                              f"be a list of encodings with a 'name' (1.0.0), got {type(entries).__name__}")
+    if len(layouts) > 1:
+        raise ConfigError(f"{source}: 'activation_encodings' and 'param_encodings' use different layouts "
+                          "(0.6.1: objects keyed by tensor name; 1.0.0: lists of entries with a 'name')")
+    return Encodings(groups["activation"], groups["param"], source, version or layouts.pop())
 
 
 def _parse_entry(value: Any, where: str, kind: str) -> list[Encoding]:
@@ -129,20 +195,29 @@ def _parse_entry(value: Any, where: str, kind: str) -> list[Encoding]:
             for i, item in enumerate(items)]
 
 
+def _check_bitwidth(bitwidth: Any, where: str, kind: str) -> int:
+    if isinstance(bitwidth, bool) or not isinstance(bitwidth, int) or bitwidth not in VALID_BITWIDTHS:
+        raise ConfigError(f"{where}: bitwidth {bitwidth!r} is impossible on the HTP (one of "
+                          f"{', '.join(map(str, VALID_BITWIDTHS))}: activations 8 or 16, weights 4, 8 or 16, "
+                          "biases 32)")
+    allowed = ACTIVATION_BITWIDTHS if kind == "activation" else (*PARAM_BITWIDTHS, BIAS_BITWIDTH)
+    if bitwidth not in allowed:
+        raise ConfigError(f"{where}: bitwidth {bitwidth} is not supported for {kind}s on the HTP "
+                          f"(use {' or '.join(map(str, allowed))})")
+    return bitwidth
+
+
 def _parse_encoding(item: dict, where: str, kind: str) -> Encoding:
     dtype = str(item.get("dtype", "int")).lower()
     if dtype not in {"int", "float"}:
         raise ConfigError(f"{where}: dtype '{item.get('dtype')}' is not 'int' or 'float'")
     bitwidth = item.get("bitwidth", item.get("bw"))
     if isinstance(bitwidth, bool) or not isinstance(bitwidth, int) or bitwidth not in VALID_BITWIDTHS:
-        raise ConfigError(f"{where}: bitwidth {bitwidth!r} is impossible (one of {', '.join(map(str, VALID_BITWIDTHS))})")
+        _check_bitwidth(bitwidth, where, kind)
     if dtype == "float":
         raise ConfigError(f"{where}: dtype 'float' (float fallback) cannot be expressed in a QDQ model for "
                           "the HTP; give an int encoding or remove the entry")
-    allowed = ACTIVATION_BITWIDTHS if kind == "activation" else (*PARAM_BITWIDTHS, BIAS_BITWIDTH)
-    if bitwidth not in allowed:
-        raise ConfigError(f"{where}: bitwidth {bitwidth} is not supported for {kind}s on the HTP "
-                          f"(use {' or '.join(map(str, allowed))})")
+    _check_bitwidth(bitwidth, where, kind)
     symmetric = _parse_bool(item.get("is_symmetric", item.get("is_sym", False)), where)
     scale, offset = item.get("scale"), item.get("offset")
     if scale is None or offset is None:
@@ -153,6 +228,10 @@ def _parse_encoding(item: dict, where: str, kind: str) -> Encoding:
             raise ConfigError(f"{where}: max {hi} must be greater than min {lo}")
         scale = (hi - lo) / (2 ** bitwidth - 1)
         offset = round(lo / scale)
+    return _encoding(bitwidth, scale, offset, symmetric, where, _parse_axis(item.get("axis"), where))
+
+
+def _encoding(bitwidth: int, scale: Any, offset: Any, symmetric: bool, where: str, axis: int | None) -> Encoding:
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
         raise ConfigError(f"{where}: scale {scale!r} must be a positive finite number")
     if isinstance(offset, bool) or not isinstance(offset, (int, float)) or offset != int(offset):
@@ -161,7 +240,15 @@ def _parse_encoding(item: dict, where: str, kind: str) -> Encoding:
     if bitwidth != BIAS_BITWIDTH and not -(2 ** bitwidth - 1) <= offset <= 0:
         raise ConfigError(f"{where}: offset {offset} is outside [-{2 ** bitwidth - 1}, 0] for {bitwidth}-bit "
                           "(QNN's offset is minus the zero point)")
-    return Encoding(bitwidth=bitwidth, scale=float(scale), offset=offset, is_symmetric=symmetric)
+    return Encoding(bitwidth=bitwidth, scale=float(scale), offset=offset, is_symmetric=symmetric, axis=axis)
+
+
+def _parse_axis(axis: Any, where: str) -> int | None:
+    if axis is None:
+        return None
+    if isinstance(axis, bool) or not isinstance(axis, int):
+        raise ConfigError(f"{where}: axis {axis!r} must be an integer")
+    return axis
 
 
 def _parse_bool(value: Any, where: str) -> bool:
@@ -170,6 +257,111 @@ def _parse_bool(value: Any, where: str) -> bool:
     if isinstance(value, str) and value.lower() in {"true", "false"}:
         return value.lower() == "true"
     raise ConfigError(f"{where}: is_symmetric {value!r} must be \"True\" or \"False\"")
+
+
+def _named(entries: list, where: str) -> list[tuple[str, dict]]:
+    """Return (name, entry) pairs of a 1.0.0 / 2.x list; raise ConfigError for unnamed or repeated entries."""
+    seen: set[str] = set()
+    named = []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not entry["name"]:
+            raise ConfigError(f"{where}[{i}]: expected an encoding object with a tensor 'name'")
+        if entry["name"] in seen:
+            raise ConfigError(f"{where}[{i}]: tensor '{entry['name']}' has a second encoding (one per tensor)")
+        seen.add(entry["name"])
+        named.append((entry["name"], entry))
+    return named
+
+
+def _numbers(value: Any, what: str, where: str) -> list:
+    values = value if isinstance(value, list) else [value]
+    if not values or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        raise ConfigError(f"{where}: '{what}' must be a number or a non-empty list of numbers, got {value!r}")
+    return values
+
+
+def _parse_v1_list(entries: list, where: str, kind: str) -> dict[str, list[Encoding]]:
+    """1.0.0: {name, dtype INT|FLOAT, bw, enc_type PER_TENSOR|PER_CHANNEL, is_sym, scale [...], offset [...]}."""
+    result: dict[str, list[Encoding]] = {}
+    for name, entry in _named(entries, where):
+        at = f"{where}['{name}']"
+        dtype = str(entry.get("dtype", "INT")).upper()
+        if dtype not in {"INT", "FLOAT"}:
+            raise ConfigError(f"{at}: dtype '{entry.get('dtype')}' is not 'INT' or 'FLOAT'")
+        if dtype == "FLOAT":
+            raise ConfigError(f"{at}: dtype 'FLOAT' (float fallback) cannot be expressed in a QDQ model for "
+                              "the HTP; give an INT encoding or remove the entry")
+        bitwidth = _check_bitwidth(entry.get("bw", entry.get("bitwidth")), at, kind)
+        enc_type = str(entry.get("enc_type", "PER_TENSOR")).upper()
+        if enc_type in _BLOCK_TYPES:
+            raise ConfigError(f"{at}: enc_type {enc_type} (blockwise) is not supported: onnxruntime's QDQ "
+                              "quantizer has no blockwise DequantizeLinear for the HTP; export per-channel")
+        if enc_type not in {"PER_TENSOR", "PER_CHANNEL"}:
+            raise ConfigError(f"{at}: enc_type {entry.get('enc_type')!r} is not PER_TENSOR or PER_CHANNEL")
+        if "scale" not in entry or "offset" not in entry:
+            raise ConfigError(f"{at}: needs 'scale' and 'offset' (lists, one per channel)")
+        scales, offsets = _numbers(entry["scale"], "scale", at), _numbers(entry["offset"], "offset", at)
+        if len(offsets) == 1 and len(scales) > 1:
+            offsets = offsets * len(scales)
+        if len(scales) != len(offsets):
+            raise ConfigError(f"{at}: {len(scales)} scales but {len(offsets)} offsets")
+        if enc_type == "PER_TENSOR" and len(scales) != 1:
+            raise ConfigError(f"{at}: enc_type PER_TENSOR with {len(scales)} scales (expected one)")
+        if kind == "activation" and len(scales) != 1:
+            raise ConfigError(f"{at}: {len(scales)} encodings given; an activation takes exactly one "
+                              "(per-channel encodings are for parameters)")
+        symmetric = _parse_bool(entry.get("is_sym", entry.get("is_symmetric", False)), at)
+        result[name] = [_encoding(bitwidth, s, o, symmetric, f"{at}[{i}]" if len(scales) > 1 else at, None)
+                        for i, (s, o) in enumerate(zip(scales, offsets))]
+    return result
+
+
+def _parse_v2(entries: Any, source: str, version: str) -> Encodings:
+    """2.x: {name, output_dtype (u)int4|8|16|32 or a float type, y_scale, y_zero_point?, axis?}."""
+    where = f"{source}: encodings"
+    if not isinstance(entries, list):
+        raise ConfigError(f"{where}: must be a list of encodings with a 'name' (2.x layout), "
+                          f"got {type(entries).__name__}")
+    activations: dict[str, list[Encoding]] = {}
+    params: dict[str, list[Encoding]] = {}
+    for name, entry in _named(entries, where):
+        at = f"{where}['{name}']"
+        dtype = entry.get("output_dtype")
+        if not isinstance(dtype, str):
+            raise ConfigError(f"{at}: needs 'output_dtype' such as \"uint8\", \"int4\" or \"uint16\"")
+        if any(k in entry for k in _BLOCK_FIELDS):
+            raise ConfigError(f"{at}: blockwise / LPBQ encodings are not supported: onnxruntime's QDQ "
+                              "quantizer has no blockwise DequantizeLinear for the HTP; export per-channel")
+        signed = dtype.startswith("int")
+        bits = dtype[3:] if signed else dtype[4:] if dtype.startswith("uint") else ""
+        if not bits.isdigit():
+            raise ConfigError(f"{at}: output_dtype '{dtype}' (float fallback) cannot be expressed in a QDQ "
+                              "model for the HTP; give an integer type (uint8, uint16, int4, int8, ...)")
+        bitwidth = int(bits)
+        if "y_scale" not in entry:
+            raise ConfigError(f"{at}: needs 'y_scale'")
+        scales = _numbers(entry["y_scale"], "y_scale", at)
+        zeros = _numbers(entry.get("y_zero_point", 0), "y_zero_point", at)
+        if len(zeros) == 1 and len(scales) > 1:
+            zeros = zeros * len(scales)
+        if len(scales) != len(zeros):
+            raise ConfigError(f"{at}: {len(scales)} y_scale values but {len(zeros)} y_zero_point values")
+        axis = _parse_axis(entry.get("axis"), at) if len(scales) > 1 else None
+        if len(scales) > 1 and axis is None:
+            raise ConfigError(f"{at}: {len(scales)} y_scale values need an 'axis'")
+        kind = "param" if len(scales) > 1 or bitwidth in (4, BIAS_BITWIDTH) else "activation"
+        _check_bitwidth(bitwidth, at, kind)
+        half = 2 ** (bitwidth - 1)
+        group = []
+        for i, (s, z) in enumerate(zip(scales, zeros)):
+            here = f"{at}[{i}]" if len(scales) > 1 else at
+            if z != int(z):
+                raise ConfigError(f"{here}: y_zero_point {z!r} must be an integer")
+            offset = -(int(z) + half) if signed else -int(z)
+            symmetric = int(z) == 0 if signed else int(z) == half
+            group.append(_encoding(bitwidth, s, offset, symmetric, here, axis))
+        (params if kind == "param" else activations)[name] = group
+    return Encodings(activations, params, source, version)
 
 
 # ----------------------------------------------------------------------------- import as overrides
@@ -189,8 +381,9 @@ def to_tensor_overrides(encodings: Encodings, float_model: Path,
     A tensor whose bitwidth differs from the default activation type and whose consumer produces an
     output of another bitwidth gets a `convert` to that bitwidth for that consumer (QAIRT inserts a
     Convert op there; onnxruntime's mixed-precision fixer would otherwise give the consumer the
-    tensor's bitwidth). Raises ConfigError naming tensors the model does not have, activations given
-    as parameters (or the reverse) and per-channel lists whose length does not match the weight.
+    tensor's bitwidth). Initializers listed as activations (AIMET does so for Gather tables and
+    constants) get parameter overrides. Raises ConfigError naming tensors the model does not have,
+    activations given as parameters and per-channel lists whose length does not match the weight.
     """
     import onnx
 
@@ -198,28 +391,40 @@ def to_tensor_overrides(encodings: Encodings, float_model: Path,
     inits = {i.name: tuple(i.dims) for i in model.graph.initializer}
     activations = {i.name for i in model.graph.input if i.name not in inits}
     activations |= {o for n in model.graph.node for o in n.output if o}
-    consumers: dict[str, str] = {}
+    consumers: dict[str, onnx.NodeProto] = {}
     consumer_nodes: dict[str, list] = {}
     for n in model.graph.node:
         for i in n.input:
-            consumers.setdefault(i, n.op_type)
+            consumers.setdefault(i, n)
             consumer_nodes.setdefault(i, []).append(n)
     where = encodings.source or "quantization overrides"
     unknown = [f"activation '{n}'" for n in encodings.activations if n not in activations and n not in inits]
     unknown += [f"param '{n}'" for n in encodings.params if n not in inits and n not in activations]
     if unknown:
-        raise ConfigError(f"{where}: {len(unknown)} tensor(s) not in the model {float_model.name}: "
-                          f"{', '.join(unknown[:10])}{' ...' if len(unknown) > 10 else ''}")
-    misplaced = [f"'{n}' is a parameter (move it to param_encodings)" for n in encodings.activations if n in inits]
-    misplaced += [f"'{n}' is an activation (move it to activation_encodings)"
-                  for n in encodings.params if n not in inits]
+        total = len(encodings.activations) + len(encodings.params)
+        raise ConfigError(f"{where}: {len(unknown)} of {total} tensor(s) not in the model {float_model.name}: "
+                          f"{', '.join(unknown[:10])}{' ...' if len(unknown) > 10 else ''} (expected the tensor "
+                          "names of the model being quantized: were these encodings computed on another model, "
+                          "or on the model before a conversion that renamed them?)")
+    misplaced = []
+    for n, encs in encodings.params.items():
+        if n not in inits:
+            bits = encs[0].bitwidth
+            misplaced.append(f"'{n}' is an activation and takes one {'/'.join(map(str, ACTIVATION_BITWIDTHS))}-bit "
+                             f"encoding, not {len(encs)} {bits}-bit one(s)" if len(encs) > 1 or
+                             bits not in ACTIVATION_BITWIDTHS else
+                             f"'{n}' is an activation (move it to activation_encodings)")
     if misplaced:
         raise ConfigError(f"{where}: {'; '.join(misplaced)}")
+    # AIMET lists initializers it quantizes like activations (Gather tables, constants) under
+    # activation_encodings: they are parameters of the QDQ model.
+    params = {**{n: e for n, e in encodings.activations.items() if n in inits}, **encodings.params}
+    graph_activations = {n: e for n, e in encodings.activations.items() if n not in inits}
     overrides: dict[str, list[dict[str, Any]]] = {}
     skipped: list[str] = []
     default_bits = int("".join(c for c in default_activation_type if c.isdigit()) or 8)
-    activations_enc = {**_folded_activation_encodings(model, encodings.activations, consumer_nodes),
-                       **encodings.activations}
+    activations_enc = {**_folded_activation_encodings(model, graph_activations, consumer_nodes),
+                       **graph_activations}
     declared = {name: encs[0].bitwidth for name, encs in activations_enc.items()}
     for name, (enc,) in activations_enc.items():
         overrides[name] = [_override(enc, signed=False)]
@@ -235,14 +440,14 @@ def to_tensor_overrides(encodings: Encodings, float_model: Path,
                               f"outputs of several bitwidths {sorted(receivers)}; one conversion per tensor is supported")
         for bits, nodes in receivers.items():
             overrides[name][0]["convert"] = {"quant_type": f"QUInt{bits}", "recv_nodes": sorted(nodes)}
-    for name, encs in encodings.params.items():
+    for name, encs in params.items():
         if encs[0].bitwidth == BIAS_BITWIDTH:
             skipped.append(name)  # derived by the quantizer from input and weight scales
             continue
         signed = all(e.is_symmetric and e.offset == -(2 ** (e.bitwidth - 1)) for e in encs)
         entries = [_override(e, signed) for e in encs]
         if len(encs) > 1:
-            entries[0]["axis"] = _channel_axis(name, inits[name], len(encs), consumers.get(name), where)
+            entries[0]["axis"] = _channel_axis(name, inits[name], encs, consumers.get(name), where)
         overrides[name] = entries
     return OverridesPlan(overrides, skipped)
 
@@ -271,15 +476,52 @@ def _override(enc: Encoding, signed: bool) -> dict[str, Any]:
     return {"quant_type": f"QUInt{enc.bitwidth}", "scale": enc.scale, "zero_point": -enc.offset}
 
 
-def _channel_axis(name: str, dims: tuple[int, ...], channels: int, consumer: str | None, where: str) -> int:
-    axis = _PER_CHANNEL_AXIS.get(consumer or "")
+def aimet_channel_axis(node: "onnx.NodeProto | None", input_index: int, rank: int) -> int | None:
+    """Return the per-channel axis AIMET uses for a weight of rank `rank` at input `input_index` of node:
+    Conv 0, ConvTranspose 1, Gemm 0 with transB=1 (weight [N, K]) and 1 without, MatMul the last axis
+    (the output features of a [.., K, N] weight), Gather the gathered axis (`axis`, 0 for embedding
+    tables); None for other ops."""
+    if node is None:
+        return None
+    attrs = {a.name: a for a in node.attribute}
+    if node.op_type == "Conv":
+        return 0
+    if node.op_type == "ConvTranspose":
+        return 1
+    if node.op_type == "Gemm":
+        trans = attrs["transB"].i if "transB" in attrs else 0
+        if input_index == 0:
+            trans = 1 - (attrs["transA"].i if "transA" in attrs else 0)
+        return 0 if trans else 1
+    if node.op_type == "MatMul":
+        return rank - 1 if input_index == 1 else max(rank - 2, 0)
+    if node.op_type == "Gather" and input_index == 0:
+        axis = attrs["axis"].i if "axis" in attrs else 0
+        return axis % rank if rank else 0
+    return None
+
+
+def _channel_axis(name: str, dims: tuple[int, ...], encs: list[Encoding], consumer, where: str) -> int:
+    channels = len(encs)
+    stated = encs[0].axis
+    if stated is not None:  # 2.x files say which axis
+        axis = stated + len(dims) if stated < 0 else stated
+        if 0 <= axis < len(dims) and dims[axis] == channels:
+            return axis
+        raise ConfigError(f"{where}: param_encodings['{name}'] has {channels} per-channel encodings on axis "
+                          f"{stated} but the weight has shape {list(dims)} (expected {channels} along that axis)")
+    index = list(consumer.input).index(name) if consumer is not None else 1
+    axis = aimet_channel_axis(consumer, index, len(dims))
     if axis is not None and axis < len(dims) and dims[axis] == channels:
         return axis
     matches = [a for a, d in enumerate(dims) if d == channels]
     if len(matches) == 1:
         return matches[0]
+    op = f"its consumer {consumer.op_type} '{consumer.name}'" if consumer is not None else "no consumer"
     raise ConfigError(f"{where}: param_encodings['{name}'] has {channels} per-channel encodings but the weight "
-                      f"has shape {list(dims)}: cannot tell the channel axis")
+                      f"has shape {list(dims)} and {op}: cannot tell the channel axis (expected {channels} "
+                      "channels along the op's output-channel axis: Conv 0, ConvTranspose 1, Gemm 0 with "
+                      "transB=1, MatMul the last axis, Gather its axis)")
 
 
 def recipe_overrides(model: Path, encodings: dict, encodings_file: str,
@@ -293,6 +535,39 @@ def recipe_overrides(model: Path, encodings: dict, encodings_file: str,
         plain.update(to_tensor_overrides(parsed, Path(model), activation_type).tensor_overrides)
     plain.update(tensor_overrides)
     return ort_overrides(plain)
+
+
+def model_for_encodings(model: Path, encodings: dict, encodings_file: str, cache: ArtifactCache) -> Path:
+    """Return the model to quantize with encodings: model itself, or a cached copy raised to opset 21
+    when some encoding is 4-bit (DequantizeLinear takes tensor(int4) from opset 21; below it
+    onnxruntime writes an int4 DequantizeLinear the model's opset refuses).
+
+    16-bit encodings need nothing here: below opset 21 onnxruntime's get_qnn_qdq_config writes their
+    QuantizeLinear/DequantizeLinear in the com.microsoft domain, which the QNN EP runs. The harness's
+    conversion step already raises models to opset 21. Raises ModelError when onnx's version
+    converter cannot convert the model (nothing is written to the cache then).
+    """
+    import onnx
+
+    from harness.convert.opset import opset_of, raise_opset
+
+    if not encodings or not parse_encodings(encodings, encodings_file or "quantization overrides").uses_int4():
+        return Path(model)
+    proto = onnx.load(str(model), load_external_data=False)
+    if opset_of(proto) >= INT4_OPSET:
+        return Path(model)
+
+    def build(out: Path) -> None:
+        try:
+            raised = raise_opset(onnx.load(str(model)), INT4_OPSET)
+        except Exception as e:
+            raise ModelError(f"{model}: 4-bit encodings in {encodings_file or 'the overrides'} need opset "
+                             f"{INT4_OPSET} (tensor(int4) DequantizeLinear), but onnx's version converter failed "
+                             f"from opset {opset_of(proto)}: {type(e).__name__}: {e}") from None
+        onnx.save(raised, str(out / Path(model).name))
+
+    key = content_key("int4-opset-v1", Path(model), INT4_OPSET, onnx.__version__)
+    return cache.entry("opset", key, build).path / Path(model).name
 
 
 def ort_overrides(plain: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:

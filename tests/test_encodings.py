@@ -98,6 +98,15 @@ def test_min_max_entries_and_bias_entries_are_accepted(model):
     assert plan.skipped == ["conv1_b"]
 
 
+def test_an_initializer_listed_as_an_activation_is_a_parameter(model):
+    """AIMET lists Gather tables and constants under activation_encodings."""
+    from harness.encodings import to_tensor_overrides
+
+    enc = parse_encodings({"activation_encodings": {"conv1_w": [Encoding(8, 0.01, -128, True).to_json()]}}, "t")
+    plan = to_tensor_overrides(enc, model)
+    assert plan.tensor_overrides["conv1_w"] == [{"quant_type": "QInt8", "scale": 0.01, "zero_point": 0}]
+
+
 def _bad(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "bad.json"
     path.write_text(text)
@@ -117,7 +126,35 @@ def _bad(tmp_path: Path, text: str) -> Path:
     ('{"activation_encodings": {"x": [{"bitwidth": 8}]}}', "needs 'scale' and 'offset', or 'min' and 'max'"),
     ('{"activation_encodings": {"x": [{"bitwidth": 8, "scale": 0.1, "offset": 0, "is_symmetric": "maybe"}]}}',
      "is_symmetric 'maybe'"),
-    ('{"encodings": {}}', "unknown top-level key(s) encodings"),
+    ('{"encodings": {}}', "encodings: must be a list of encodings with a 'name' (2.x layout)"),
+    ('{"activation_encodings": {}, "extra": 1}', "unknown top-level key(s) extra"),
+    ('{"activation_encodings": {"x": [{"bitwidth": 3, "scale": 0.1, "offset": 0}]}}', "bitwidth 3 is impossible"),
+    ('{"activation_encodings": {"x": [{"bitwidth": 4, "scale": 0.1, "offset": 0}]}}',
+     "bitwidth 4 is not supported for activations"),
+    ('{"activation_encodings": [{"name": "x", "bw": 6, "dtype": "INT", "enc_type": "PER_TENSOR", "is_sym": false,'
+     ' "scale": [0.1], "offset": [0]}]}', "activation_encodings['x']: bitwidth 6 is impossible"),
+    ('{"activation_encodings": [{"name": "x", "bw": 32, "dtype": "INT", "enc_type": "PER_TENSOR",'
+     ' "is_sym": false, "scale": [0.1], "offset": [0]}]}', "bitwidth 32 is not supported for activations"),
+    ('{"param_encodings": [{"name": "w", "bw": 4, "dtype": "INT", "enc_type": "PER_BLOCK", "is_sym": true,'
+     ' "scale": [0.1], "offset": [-8], "block_size": 16}]}', "enc_type PER_BLOCK (blockwise) is not supported"),
+    ('{"param_encodings": [{"name": "w", "bw": 16, "dtype": "FLOAT", "enc_type": "PER_TENSOR"}]}',
+     "param_encodings['w']: dtype 'FLOAT'"),
+    ('{"activation_encodings": [{"bw": 8, "dtype": "INT", "scale": [0.1], "offset": [0]}]}',
+     "activation_encodings[0]: expected an encoding object with a tensor 'name'"),
+    ('{"param_encodings": [{"name": "w", "bw": 8, "dtype": "INT", "enc_type": "PER_TENSOR", "is_sym": true,'
+     ' "scale": [0.1, 0.2], "offset": [-128, -128]}]}', "enc_type PER_TENSOR with 2 scales"),
+    ('{"version": "2.0.0", "encodings": [{"name": "x", "output_dtype": "uint6", "y_scale": 0.1}]}',
+     "encodings['x']: bitwidth 6 is impossible"),
+    ('{"version": "2.0.0", "encodings": [{"name": "x", "output_dtype": "float16"}]}',
+     "encodings['x']: output_dtype 'float16' (float fallback)"),
+    ('{"version": "2.1.0", "encodings": [{"name": "w", "output_dtype": "int4", "y_scale": [0.1, 0.2], "axis": 0,'
+     ' "block_size": 16}]}', "encodings['w']: blockwise / LPBQ encodings are not supported"),
+    ('{"version": "2.0.0", "encodings": [{"name": "w", "output_dtype": "int8", "y_scale": [0.1, 0.2]}]}',
+     "2 y_scale values need an 'axis'"),
+    ('{"version": "2.0.0", "encodings": [{"name": "x", "output_dtype": "uint8", "y_scale": 0.1},'
+     ' {"name": "x", "output_dtype": "uint8", "y_scale": 0.2}]}', "tensor 'x' has a second encoding"),
+    ('{"version": "1.0.0", "encodings": []}', "the flat 'encodings' list is the 2.x layout"),
+    ('{"version": "2.0.0", "activation_encodings": {}}', "version 2.0.0 files have one flat 'encodings' list"),
 ])
 def test_malformed_files_name_the_entry(tmp_path, text, message):
     path = _bad(tmp_path, text)
@@ -132,8 +169,11 @@ def test_unknown_or_misplaced_tensors_are_named_when_quantizing(model, datasets,
     with pytest.raises(ConfigError, match=r"2 tensor\(s\) not in the model outlier_cnn.onnx: "
                                           r"activation 'no_such_act', param 'no_such_weight'"):
         quantize(model, datasets[0].calibration, QuantRecipe(encodings=doc, encodings_file="f.json"), cache)
-    doc = {"activation_encodings": {"conv1_w": [Encoding(8, 0.1, 0).to_json()]}}
-    with pytest.raises(ConfigError, match="'conv1_w' is a parameter"):
+    doc = {"param_encodings": {"x": [Encoding(8, 0.1, 0).to_json()]}}
+    with pytest.raises(ConfigError, match="'x' is an activation"):
+        quantize(model, datasets[0].calibration, QuantRecipe(encodings=doc, encodings_file="f.json"), cache)
+    doc = {"version": "2.0.0", "encodings": [{"name": "x", "output_dtype": "int32", "y_scale": 0.1}]}
+    with pytest.raises(ConfigError, match="'x' is an activation and takes one 8/16-bit encoding, not 1 32-bit"):
         quantize(model, datasets[0].calibration, QuantRecipe(encodings=doc, encodings_file="f.json"), cache)
     doc = {"param_encodings": {"conv1_w": [Encoding(8, 0.1, -128, True).to_json()] * 3}}
     with pytest.raises(ConfigError, match="3 per-channel encodings but the weight has shape"):
