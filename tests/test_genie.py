@@ -168,9 +168,9 @@ def test_genie_config_holds_what_genie_requires():
     assert ext["devices"][0]["soc_model"] == 57 and ext["devices"][0]["dsp_arch"] == "v75"
     assert ext["devices"][0]["cores"][0]["perf_profile"] == "burst" and ext["memory"]["mem_type"] == "shared_buffer"
     assert "dsp_arch" not in htp_backend_ext_config(57, None)["devices"][0]
-    for bad in (dict(eot_id=2000), dict(top_k=0), dict(ctx_bins=[])):
+    for bad in (dict(eot_id=2000), dict(top_k=0), dict(ctx_bins=[]), dict(kv_dim=0)):
         with pytest.raises(ConfigError):
-            genie_config(**{**dict(context_length=64, n_vocab=1024, ctx_bins=["a.bin"], eot_id=0), **bad})
+            genie_config(**{**dict(context_length=64, n_vocab=1024, ctx_bins=["a.bin"], eot_id=0, kv_dim=32), **bad})
     with pytest.raises(ConfigError, match="v75"):
         htp_backend_ext_config(57, "75")
 
@@ -181,7 +181,7 @@ def test_write_bundle_copies_and_names_files_relatively(tmp_path, tokenizer_file
         p.parent.mkdir()
         p.write_bytes(data)
     path = write_bundle(tmp_path / "bundle", [a, b], tokenizer_file, context_length=64, soc_model=57,
-                        dsp_arch="v75", eot_id=0)
+                        dsp_arch="v75", eot_id=0, kv_dim=32)
     assert path == tmp_path / "bundle" / CONFIG_FILE
     config = json.loads(path.read_text())
     bins = config["dialog"]["engine"]["model"]["binary"]["ctx-bins"]
@@ -193,7 +193,7 @@ def test_write_bundle_copies_and_names_files_relatively(tmp_path, tokenizer_file
     assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]  # no temporary files left
     with pytest.raises(ConfigError, match="not found"):
         write_bundle(tmp_path / "x", [tmp_path / "missing.bin"], tokenizer_file, context_length=64, soc_model=57,
-                     dsp_arch="v75", eot_id=0)
+                     dsp_arch="v75", eot_id=0, kv_dim=32)
 
 
 def test_status_codes_are_named_from_genie_common():
@@ -291,6 +291,9 @@ def test_stress_fills_the_context_without_errors_or_unbounded_memory(bundle, dev
     overlap = [q for q in queries if q["worker"] == 0 and q["round"] == 0]
     other = [q for q in queries if q["worker"] == 1 and q["round"] == 0]
     assert min(q["end_s"] for q in overlap) > min(q["start_s"] for q in other)  # the two dialogs ran at once
+    for k in range(3):  # concurrent dialogs decode as one alone: the same greedy text in every worker and round
+        texts = {q["text"] for q in queries if q["prompt_index"] == k}
+        assert len(texts) == 1 and texts.pop()
     assert len(result["rss_after_round_mb"]) == 2 and len(result["rss_series"]) >= 2
     assert result["rss_growth_mb"] < 0.5 * result["rss_start_mb"]
     assert [p["t_s"] for p in result["token_rate_series"]] == sorted(p["t_s"] for p in result["token_rate_series"])

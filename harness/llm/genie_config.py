@@ -35,8 +35,8 @@ PERF_PROFILES = ("burst", "sustained_high_performance", "high_performance", "bal
                  "high_power_saver", "power_saver", "low_power_saver", "extreme_power_saver")
 
 
-def genie_config(*, context_length: int, n_vocab: int, ctx_bins: Sequence[str], eot_id: int,
-                 tokenizer: str = TOKENIZER_FILE, kv_dim: int | None = None, bos_id: int = NO_BOS,
+def genie_config(*, context_length: int, n_vocab: int, ctx_bins: Sequence[str], eot_id: int, kv_dim: int,
+                 tokenizer: str = TOKENIZER_FILE, bos_id: int = NO_BOS,
                  stop_sequences: Sequence[str] = (), seed: int = 42, top_k: int = 1, temp: float = 1.0,
                  top_p: float = 1.0, max_num_tokens: int | None = None, extensions: str | None = EXTENSIONS_FILE,
                  n_threads: int = 1, use_mmap: bool = False, poll: bool = False, cpu_mask: str = "0x0",
@@ -44,7 +44,8 @@ def genie_config(*, context_length: int, n_vocab: int, ctx_bins: Sequence[str], 
     """Return a basic-dialog Genie config over QnnHtp context binaries (relative names, in graph order).
 
     eot_id is both the eos-token and the eot-token (generation stops after it); stop_sequences stop on text.
-    kv_dim is the head dimension Genie's KV manager uses (omitted: Genie reads it from the graphs' KV tensors).
+    kv_dim is the head dimension of the graphs' KV tensors (QnnHtp "kv-dim"; without it GenieDialog_create
+    failed on this harness's 32-dim pair with GENIE_STATUS_ERROR_GENERAL and nothing logged).
     """
     if context_length < 2:
         raise ConfigError(f"context_length {context_length}: a dialog needs at least 2 tokens of context")
@@ -56,10 +57,10 @@ def genie_config(*, context_length: int, n_vocab: int, ctx_bins: Sequence[str], 
         raise ConfigError(f"top_k {top_k}: must be at least 1 (1 decodes greedily)")
     if positional_encoding not in ("absolute", "rope", "alibi"):
         raise ConfigError(f"positional_encoding {positional_encoding!r}: Genie knows absolute, rope and alibi")
+    if kv_dim < 1:
+        raise ConfigError(f"kv_dim {kv_dim}: give the graphs' head dimension")
     htp: dict[str, Any] = {"version": 1, "use-mmap": use_mmap, "spill-fill-bufsize": 0, "mmap-budget": 0,
-                           "poll": poll, "cpu-mask": cpu_mask}
-    if kv_dim is not None:
-        htp["kv-dim"] = int(kv_dim)
+                           "poll": poll, "cpu-mask": cpu_mask, "kv-dim": int(kv_dim)}
     backend: dict[str, Any] = {"version": 1, "type": "QnnHtp", "QnnHtp": htp}
     if extensions:
         backend["extensions"] = extensions
@@ -154,8 +155,8 @@ def bundle_names(context_binaries: Sequence[Path]) -> list[str]:
 
 
 def write_bundle(out_dir: Path, context_binaries: Sequence[Path], tokenizer: Path, *, context_length: int,
-                 soc_model: int, dsp_arch: str | None, eot_id: int, n_vocab: int | None = None,
-                 kv_dim: int | None = None, stop_sequences: Sequence[str] = (), seed: int = 42,
+                 soc_model: int, dsp_arch: str | None, eot_id: int, kv_dim: int, n_vocab: int | None = None,
+                 stop_sequences: Sequence[str] = (), seed: int = 42,
                  perf_profile: str = "burst", **config_options: Any) -> Path:
     """Write a Genie bundle into out_dir and return the path of its genie_config.json.
 

@@ -30,17 +30,22 @@ stress   --config ... --prompts ... [--rounds R] [--concurrent K] [--max_new N] 
          copies of this runner), each running R dialogs in sequence (create, every prompt in increasing
          token length with a reset before each and max_new = context - prompt tokens, or --max_new if
          smaller, so a query fills the context; free). Per query: worker, round, start/end on one clock,
-         tokens, tokens/s, time to first token, Genie status name. VmRSS sampled every --rss_interval_s.
-         rss_start_mb is taken after one warm-up dialog (libraries and binaries loaded, dialog freed),
-         rss_end_mb after every dialog is freed; rss_growth_mb = end - start (a leak shows here).
+         tokens, tokens/s, time to first token, the text (or ids), Genie status name. VmRSS sampled every
+         --rss_interval_s. Threads are safe: separate GenieDialog handles queried at once in one process gave
+         the same greedy output as one alone (libGenie 1.21 on the HTP simulator); processes isolate crashes.
+         The workers meet after each round (every dialog freed) and the RSS is sampled there: rss_start_mb
+         after the first round, rss_end_mb after the last, rss_growth_mb = end - start (a leak grows with the
+         rounds; the first round's own growth, allocator arenas of the worker threads, is not counted).
 result.json (OUT/result.json, written atomically in every case): runner_version, command, genie_api_version,
          genie_lib, config, error, error_name (the Genie status name when Genie failed, else None), status
          (the Genie status code), genie_log (Genie's error/warning log lines), peak_rss_mb;
          dialog: init_time_ms, init_wall_ms, context_length, prompts [{prompt, prompt_ids|None,
          generated_ids|None, text, num_prompt_tokens, num_generated_tokens, time_to_first_token_ms,
          prompt_tokens_per_s, tokens_per_s, token_generation_time_ms, query_wall_ms, status_name, profile}];
-         stress: queries [...], errors, error_names {name: count}, dialogs, rounds, concurrent, mode,
-         rss_initial_mb, rss_start_mb, rss_end_mb, rss_growth_mb, rss_peak_mb, rss_series [{t_s, rss_mb}],
+         stress: queries [{worker, round, prompt_index, prompt_tokens, max_new, start_s, end_s, num_prompt_tokens,
+         num_generated_tokens, time_to_first_token_ms, prompt_tokens_per_s, tokens_per_s, token_generation_time_ms,
+         text, generated_ids, status_name, error, error_name}], prompt_order, errors, error_names {name: count}, dialogs, rounds, concurrent, mode,
+         rss_initial_mb, rss_warm_mb, rss_after_round_mb [per round], rss_start_mb, rss_end_mb, rss_growth_mb, rss_peak_mb, rss_series [{t_s, rss_mb}],
          token_rate_series [{t_s, tokens_per_s, worker}].
 Units:   Genie's profile gives times in us and rates in toks/sec (GenieProfile's units, stated per field
          in its JSON); result.json converts times to ms (`_ms`) and keeps rates as tokens per second.
@@ -682,6 +687,10 @@ def stress_worker(genie, config_text, plan, rounds, worker, t0, queries, lock, b
     for r in range(rounds):
         try:
             _stress_dialog(genie, config_text, plan, r, worker, t0, queries, lock)
+        except Exception as e:  # recorded, so that the other workers are not left waiting at the barrier
+            with lock:
+                queries.append({"worker": worker, "round": r, "prompt_index": None, "start_s": None, "end_s": None,
+                                "error": "%s: %s" % (type(e).__name__, e), "error_name": type(e).__name__})
         finally:
             barrier.wait()
 
@@ -702,7 +711,9 @@ def _stress_dialog(genie, config_text, plan, r, worker, t0, queries, lock):
             try:
                 outcome = dialog.query(prompt, max_new)
                 row.update(kpis_of_event(outcome["event"]))
-                row.update({"status_name": status_name(outcome["status"]), "error": None, "error_name": None})
+                row.update({"status_name": status_name(outcome["status"]), "error": None, "error_name": None,
+                            "text": "".join(outcome["text_chunks"]) if isinstance(prompt, str) else None,
+                            "generated_ids": None if isinstance(prompt, str) else outcome["ids"]})
                 if row["num_generated_tokens"] is None and outcome["ids"]:
                     row["num_generated_tokens"] = len(outcome["ids"])
             except RunnerFailure as e:
