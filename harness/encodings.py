@@ -566,7 +566,7 @@ def model_for_encodings(model: Path, encodings: dict, encodings_file: str, cache
                              f"from opset {opset_of(proto)}: {type(e).__name__}: {e}") from None
         onnx.save(raised, str(out / Path(model).name))
 
-    key = content_key("int4-opset-v1", Path(model), INT4_OPSET, onnx.__version__)
+    key = content_key("int4-opset-v1", Path(model), Path(model).name, INT4_OPSET, onnx.__version__)
     return cache.entry("opset", key, build).path / Path(model).name
 
 
