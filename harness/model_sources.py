@@ -24,9 +24,10 @@ def source_model(spec: ModelSpec, cache: ArtifactCache) -> Path:
 def _zoo_entry(spec: ModelSpec, cache: ArtifactCache) -> Path:
     """Return the cache directory holding the zoo model and its data splits (built on first use)."""
     def build(out: Path) -> None:
-        from harness.zoo import digits_cnn
+        from harness.zoo import digits_cnn, digits_imbalanced
 
-        digits_cnn.build_model(out / "model.onnx", seed=ZOO_SEED)
+        builder = digits_imbalanced if spec.name == digits_imbalanced.NAME else digits_cnn  # same data and labels
+        builder.build_model(out / "model.onnx", seed=ZOO_SEED)
         _, calib, evaluation = digits_cnn.load_splits(seed=ZOO_SEED)
         np.savez(out / "splits.npz", calib_inputs=calib.inputs, eval_inputs=evaluation.inputs,
                  eval_labels=evaluation.labels)

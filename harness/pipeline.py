@@ -157,14 +157,18 @@ class Onboarding:
     def deployable_model(self, mixed: StepReport | None = None) -> Path:
         """The quantized model that ships to the device (compiled, profiled, integrated): PTQ's, or the
         mixed-precision model when PTQ missed its KPI and mixed precision met it. `mixed` is the
-        mixed-precision report while that step is being built (it exports the deployable encodings)."""
+        mixed-precision report while that step is being built (it exports the deployable encodings).
+        When mixed precision missed too and the AIMET step ran and met the KPI, AIMET's model ships."""
         if self.ptq().passed:
             return self.qdq_model()
+        building = mixed is not None  # mixed precision is exporting its encodings; AIMET comes after it
         try:
             mixed = mixed or self.mixed_precision()
         except HarnessError:  # reported by the mixed_precision step itself; PTQ's model stays deployable
             return self.qdq_model()
-        return mixed.artifacts["model"] if mixed.kpis.get("met_threshold") else self.qdq_model()
+        if mixed.kpis.get("met_threshold"):
+            return mixed.artifacts["model"]
+        return (None if building else self._aimet_model()) or self.qdq_model()
 
     @memoized
     def feasibility(self) -> StepReport:
@@ -260,6 +264,50 @@ class Onboarding:
         report, model = self.ptq(), self.qdq_model()
         return sweep.Candidate(self.recipe, model, {**report.kpis, "model_bytes": model.stat().st_size},
                                meets=report.passed)
+
+    def aimet_skip_reason(self) -> str | None:
+        """Why the AIMET step does not run (None: it runs): --aimet off, the aimet extra missing, or (in auto
+        mode) PTQ or mixed precision already met the KPI."""
+        from harness.steps import aimet_recovery
+
+        return aimet_recovery.skip_reason(aimet_recovery.aimet_mode(self.accuracy), self._earlier_recovery_met)
+
+    def _earlier_recovery_met(self) -> str | None:
+        if self.ptq().passed:
+            return "ptq"
+        try:
+            return "mixed_precision" if self.mixed_precision().kpis.get("met_threshold") else None
+        except HarnessError:
+            return None
+
+    @memoized
+    def aimet(self) -> StepReport:
+        """Step 3 stage 6 report: AIMET's BN folding, CLE, AdaRound and AMP from the recipe mixed precision
+        reached, each technique's exported encodings imported as overrides and run on `htp`;
+        artifacts['model'] is the last technique's model that met the KPI (else the best one)."""
+        from harness.steps import aimet_recovery
+
+        if (reason := self.aimet_skip_reason()) is not None:
+            raise StepError(f"the AIMET step did not run: {reason}")
+        earlier = [("ptq", self.ptq().kpis, self.ptq().passed)]
+        if self.accuracy.sweep != "off":
+            earlier.append(("sweep", self.sweep().kpis, bool(self.sweep().kpis.get("best_meets_kpi"))))
+        try:
+            mixed = self.mixed_precision()
+            earlier.append(("mixed_precision", mixed.kpis, bool(mixed.kpis.get("met_threshold"))))
+        except HarnessError:  # reported by its own step; AIMET starts from mixed precision's start recipe
+            mixed = None
+        recipe = aimet_recovery.reached_recipe(self._mixed_precision_start().recipe, mixed)
+        return aimet_recovery.aimet_recovery(self.converted_model(), self.dataset(), self.float_reference(),
+                                             self.runner, self.thresholds, self.cache, recipe, earlier)
+
+    def _aimet_model(self) -> Path | None:
+        """AIMET's model when its step ran and met the KPI, else None (the step's report says why)."""
+        try:
+            report = self.aimet()
+        except HarnessError:
+            return None
+        return report.artifacts["model"] if report.kpis.get("met_threshold") else None
 
     @memoized
     def context_artifact(self) -> ContextBinary:

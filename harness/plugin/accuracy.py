@@ -1,7 +1,8 @@
 """pytest options and fixtures for accuracy analysis and recovery (Step 3, stages 3-5).
 
-Options: `--sweep off|quick|full` and `--quantization-overrides FILE` (a QAIRT/AIMET encodings
-JSON). The overrides file is validated at start-up; its tensor names are checked against the model
+Options: `--sweep off|quick|full`, `--quantization-overrides FILE` (a QAIRT/AIMET encodings
+JSON) and `--aimet auto|on|off` (the AIMET recovery step: auto runs it when the aimet extra is installed
+and PTQ and mixed precision missed the KPI). The overrides file is validated at start-up; its tensor names are checked against the model
 when PTQ quantizes with it. They are kept in the run's HarnessSession, and every Onboarding is
 created with them, so PTQ already quantizes with the given encodings.
 """
@@ -16,6 +17,7 @@ from harness.errors import HarnessError
 from harness.plugin import SESSION_KEY
 
 SWEEP_MODES = ("off", "quick", "full")  # as harness.steps.sweep.SWEEP_MODES (not imported: heavy)
+AIMET_MODES = ("auto", "on", "off")  # as harness.steps.aimet_recovery.AIMET_MODES
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -24,12 +26,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="quantization sweep: off, quick (4 candidates, default) or full (the whole matrix)")
     group.addoption("--quantization-overrides", default=None, metavar="FILE",
                     help="QAIRT/AIMET encodings JSON (activation_encodings, param_encodings) to quantize with")
+    group.addoption("--aimet", default="auto", choices=AIMET_MODES,
+                    help="AIMET recovery step (CLE, AdaRound, AMP): auto (default: when the aimet extra is installed "
+                         "and PTQ and mixed precision missed the KPI), on (whenever installed) or off")
 
 
 @pytest.hookimpl(trylast=True)  # after the core plugin has made the HarnessSession
 def pytest_configure(config: pytest.Config) -> None:
     from harness.encodings import load_encodings
-    from harness.steps.sweep import AccuracyOptions
+    from harness.steps.aimet_recovery import RecoveryOptions
 
     path = config.getoption("quantization_overrides", None)
     encodings, source = {}, ""
@@ -38,8 +43,9 @@ def pytest_configure(config: pytest.Config) -> None:
             encodings, source = load_encodings(Path(path)).to_json(), str(Path(path).expanduser().resolve())
         except HarnessError as e:
             raise pytest.UsageError(f"--quantization-overrides: {e}") from None
-    config.stash[SESSION_KEY].accuracy = AccuracyOptions(sweep=config.getoption("sweep", "quick"),
-                                                         encodings=encodings, encodings_file=source)
+    config.stash[SESSION_KEY].accuracy = RecoveryOptions(sweep=config.getoption("sweep", "quick"),
+                                                         encodings=encodings, encodings_file=source,
+                                                         aimet=config.getoption("aimet", "auto"))
 
 
 @pytest.fixture(scope="session")
@@ -78,3 +84,16 @@ def mixed_precision(onboarding, error_isolation, accuracy_options, request: pyte
     if accuracy_options.sweep != "off":
         request.getfixturevalue("sweep").require_value()
     return _outcome("mixed_precision", onboarding.mixed_precision)
+
+
+@pytest.fixture(scope="session")
+def aimet(onboarding, ptq):
+    """Step 3 stage 6 outcome: AIMET recovery after mixed precision; skipped saying why when --aimet off, when
+    the aimet extra is not installed, or (auto) when PTQ or mixed precision met the KPI."""
+    from harness.plugin import _outcome
+
+    ptq.require_value()
+    reason = onboarding.aimet_skip_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    return _outcome("aimet", onboarding.aimet)
