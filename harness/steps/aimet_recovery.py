@@ -54,8 +54,7 @@ from harness.steps.sweep import AccuracyOptions, Candidate, accuracy_limits, eva
 AIMET_MODES = ("auto", "on", "off")
 TECHNIQUES = ("recipe", "bn_fold", "cle", "adaround", "amp")
 ADAROUND_ITERATIONS = 500  # AIMET recommends 10k; 500 already settles a small CNN (FACTS: 7.5 s)
-ENCODING_VERSION = "0.6.1"  # the QAIRT overrides format; harness.encodings reads it (see _overrides_document)
-_OVERRIDES_KEYS = ("version", "activation_encodings", "param_encodings", "quantizer_args")
+ENCODING_VERSION = "0.6.1"  # the QAIRT --quantization_overrides layout (harness.encodings also reads 1.0.0/2.x)
 _SIXTEEN = ("QUInt16", "QInt16")
 
 
@@ -174,20 +173,12 @@ def _write_export(sim, out: Path) -> dict[str, Any]:
     sim.export(str(raw), "model", encoding_version=ENCODING_VERSION)
     model = onnx.load(str(raw / "model.onnx"))  # external data (model.data) read back into one file
     onnx.save(model, str(out / "model.onnx"))
-    document = json.loads((raw / "model.encodings").read_text())
-    (out / "aimet.encodings").write_text(json.dumps(document, indent=1))
-    overrides = _overrides_document(document)
-    (out / "quantization_overrides.json").write_text(json.dumps(overrides, indent=1))
+    document = json.loads((raw / "model.encodings").read_text())  # kept as AIMET wrote it (harness.encodings reads it)
+    (out / "quantization_overrides.json").write_text(json.dumps(document, indent=1))
     for p in raw.iterdir():
         p.unlink()
     raw.rmdir()
-    return bit_widths(overrides)
-
-
-def _overrides_document(document: dict[str, Any]) -> dict[str, Any]:
-    """Return AIMET's 0.6.1 export as a QAIRT overrides document: its metadata keys (producer, excluded
-    layers, ...) dropped, its keys kept; loaded through harness.encodings like --quantization-overrides."""
-    return {k: document[k] for k in _OVERRIDES_KEYS if k in document}
+    return bit_widths(document)
 
 
 def bit_widths(document: dict[str, Any]) -> dict[str, Any]:
@@ -300,7 +291,7 @@ def simulated(model: Path, dataset: Dataset, reference: list[Feed], thresholds: 
     import aimet_onnx
 
     labels = [] if dataset.labels is None else np.asarray(dataset.labels).tolist()
-    key = content_key("aimet-v1", model, feeds_digest(dataset.calibration), feeds_digest(dataset.evaluation),
+    key = content_key("aimet-v2", model, feeds_digest(dataset.calibration), feeds_digest(dataset.evaluation),
                       feeds_digest(reference), labels, asdict(recipe), thresholds.max_task_metric_drop,
                       thresholds.min_cosine_similarity, thresholds.min_sqnr_db, adaround_iterations,
                       getattr(aimet_onnx, "__version__", "?"))
@@ -320,7 +311,8 @@ def simulated(model: Path, dataset: Dataset, reference: list[Feed], thresholds: 
 # ------------------------------------------------------------------------------ the step
 
 def technique_recipe(base: QuantRecipe, directory: Path, name: str) -> QuantRecipe:
-    """Return the recipe that imports a technique's AIMET encodings through the harness's overrides path."""
+    """Return the recipe that imports a technique's AIMET encodings (the file as AIMET exported it) through the
+    harness's overrides path, as --quantization-overrides does."""
     document = json.loads((directory / "quantization_overrides.json").read_text())
     return replace(base, tensor_overrides={}, encodings=document,
                    encodings_file=str(directory / "quantization_overrides.json"), label=f"aimet-{name}")
