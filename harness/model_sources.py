@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -9,7 +10,7 @@ import onnx
 
 from harness.cache import ArtifactCache
 from harness.data import Dataset, input_infos, random_dataset, user_dataset
-from harness.models import ModelSpec
+from harness.models import LlmFiles, ModelSpec
 
 ZOO_SEED = 0
 
@@ -33,6 +34,30 @@ def _zoo_entry(spec: ModelSpec, cache: ArtifactCache) -> Path:
                  eval_labels=evaluation.labels)
 
     return cache.entry(f"zoo/{spec.name}", f"seed{ZOO_SEED}-v1", build).path
+
+
+def llm_files(spec: ModelSpec, cache: ArtifactCache) -> LlmFiles:
+    """Return a kind-llm model's files: the spec's, or the built-in model's (trained, exported and cached on
+    first use: tokenizer.json, weights.npz, prefill.onnx, decode.onnx, train.txt, heldout.txt, prompts.json)."""
+    if not spec.is_zoo:
+        return spec.llm
+
+    def build(out: Path) -> None:
+        from harness.llm.export import export_pair
+        from harness.zoo import tiny_gpt
+
+        tiny_gpt.build_bundle(out, seed=ZOO_SEED)
+        export_pair(tiny_gpt.load_weights(out / "weights.npz"), out)
+        (out / "train.txt").write_text(tiny_gpt.text_splits()[0], encoding="utf-8")
+
+    from harness.zoo import tiny_gpt
+
+    entry = cache.entry(f"zoo/{spec.name}", f"seed{ZOO_SEED}-v1", build).path
+
+    return LlmFiles(prefill=entry / "prefill.onnx", decode=entry / "decode.onnx", tokenizer=entry / "tokenizer.json",
+                    eval_text=entry / "heldout.txt", calib_text=entry / "train.txt",
+                    prompts=tuple(json.loads((entry / "prompts.json").read_text())), max_new_tokens=16,
+                    stop_token=tiny_gpt.EOT_TOKEN)
 
 
 def dataset_for(spec: ModelSpec, fixed_model: Path, cache: ArtifactCache) -> Dataset:

@@ -17,8 +17,10 @@ from harness.errors import ConfigError, ModelError
 if TYPE_CHECKING:
     import onnx
 
-ZOO_MODELS = ("digits_cnn",)
-ZOO_MODELS += ("digits_imbalanced",)  # digits_cnn with channel ranges 8-bit weights miss (harness.zoo)
+# digits_imbalanced: digits_cnn with channel ranges 8-bit weights miss (harness.zoo)
+ZOO_MODELS = ("digits_cnn", "digits_imbalanced", "tiny_gpt")
+LLM_ZOO_MODELS = ("tiny_gpt",)  # built-in models of kind "llm"
+MODEL_KINDS = ("onnx", "llm")
 
 
 class Thresholds(BaseModel):
@@ -66,18 +68,71 @@ class Thresholds(BaseModel):
     regression_energy_threshold: float = Field(0.15, ge=0, allow_inf_nan=False,
                                                description="regression: relative growth of energy_per_inference_mj "
                                                            "that counts")
+    # LLM path (harness/llm/steps.py), for models of kind "llm"
+    max_perplexity: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                         description="llm: held-out perplexity of the shipped model on the HTP")
+    max_perplexity_increase: float = Field(0.10, ge=0, allow_inf_nan=False,
+                                           description="llm: HTP perplexity of the quantized pair over the host "
+                                                       "float perplexity, relative (0.10: at most 10% higher)")
+    max_host_htp_perplexity_gap: float = Field(0.05, ge=0, allow_inf_nan=False,
+                                               description="llm: |HTP - host QDQ| / host QDQ perplexity, relative")
+    min_greedy_agreement: float = Field(0.75, ge=0, le=1,
+                                        description="llm: mean share of each prompt's greedy tokens that are the "
+                                                    "float model's choice, up to the first that is not")
+    greedy_tie_margin: float = Field(0.05, ge=0, allow_inf_nan=False,
+                                     description="llm: a token is the float model's choice when its float logit "
+                                                 "is within this of the top one (a near-tie; 0: exact)")
+    min_genie_prefix_tokens: int = Field(4, ge=0, description="llm: Genie's first tokens of every prompt are "
+                                                              "the float model's greedy choice, at least this many")
+    max_time_to_first_token_ms: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                                     description="llm: Genie's slowest time to first token, ms")
+    min_tokens_per_s: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                           description="llm: Genie's slowest token generation rate, tokens/s")
+    max_stress_memory_growth_mb: float = Field(64.0, ge=0, allow_inf_nan=False,
+                                               description="llm: Genie stress run's resident memory growth, MB")
+
+
+class _LlmSpec(BaseModel):
+    """The `llm:` section of a model spec of kind llm (paths relative to the spec file)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prefill: str = Field(description="the prefill graph (AR-N), ONNX, Genie's KV convention")
+    decode: str = Field(description="the decode graph (AR-1), ONNX, same tensor names")
+    tokenizer: str = Field(description="a Hugging Face tokenizers file (tokenizer.json)")
+    eval_text: str | None = Field(None, description="held-out text for perplexity (UTF-8)")
+    calib_text: str | None = Field(None, description="text whose activations calibrate quantization (UTF-8)")
+    prompts: list[str] = Field(default_factory=list, description="prompts for greedy agreement and Genie")
+    max_new_tokens: int = Field(16, ge=1, description="tokens generated per prompt")
+    stop_token: str | None = Field(None, description="the end-of-text token (stops generation)")
 
 
 class _SpecFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str | None = None
-    path: str
+    kind: str = "onnx"
+    path: str | None = None
+    llm: _LlmSpec | None = None
     input_shapes: dict[str, list[int]] = {}
     freeze_inputs: dict[str, float | int | list] = {}
     rewrites: list[str] = []
     calib_data: str | None = None
     thresholds: Thresholds = Thresholds()
+
+
+@dataclass(frozen=True)
+class LlmFiles:
+    """A language model's files: the Genie-convention graph pair, its tokenizer and texts."""
+
+    prefill: Path
+    decode: Path
+    tokenizer: Path
+    eval_text: Path | None = None
+    calib_text: Path | None = None
+    prompts: tuple[str, ...] = ()
+    max_new_tokens: int = 16
+    stop_token: str | None = None
 
 
 @dataclass(frozen=True)
@@ -95,11 +150,18 @@ class ModelSpec:
     freeze_inputs: dict[str, float | int | list] = field(default_factory=dict)
     # User layer replacements: "package.module:function" or "path/to/file.py:function" (spec `rewrites:`).
     rewrites: tuple[str, ...] = ()
+    kind: str = "onnx"  # "onnx": one graph through Steps 1-7; "llm": a prefill/decode pair through the LLM path
+    llm: LlmFiles | None = None  # kind "llm" from a spec file (built-in ones are built on first use)
 
     @property
     def is_zoo(self) -> bool:
         """True for a built-in zoo model (built on first use)."""
         return self.source == "zoo"
+
+    @property
+    def is_llm(self) -> bool:
+        """True for a language model (kind llm), onboarded by the LLM suites."""
+        return self.kind == "llm"
 
 
 FreezeValue = Union[float, int, bool, list]
@@ -226,7 +288,9 @@ def model_inputs(spec: ModelSpec, given_as: str = "") -> ModelInputs:
     """Return the input names of spec's model (loading and checking its ONNX file; zoo: by name)."""
     if spec.is_zoo:
         zoo = importlib.import_module(f"harness.zoo.{spec.name}")
-        names: tuple[str, ...] = (zoo.INPUT_NAME,)
+        names: tuple[str, ...] = tuple(getattr(zoo, "INPUT_NAMES", None) or (zoo.INPUT_NAME,))
+    elif spec.is_llm:
+        names = tuple(i.name for i in graph_inputs(load_onnx(spec.llm.prefill)))
     else:
         names = tuple(i.name for i in graph_inputs(load_onnx(spec.path)))
     return ModelInputs(spec.name, names, given_as)
@@ -257,7 +321,7 @@ def resolve_model(text: str, input_shapes: dict[str, tuple[int, ...]], calib_dat
     frozen = dict(freeze_inputs or {})
     if text in ZOO_MODELS:
         return ModelSpec(name=text, source="zoo", input_shapes=input_shapes, calib_data=calib_data,
-                         freeze_inputs=frozen)
+                         freeze_inputs=frozen, kind="llm" if text in LLM_ZOO_MODELS else "onnx")
     path = Path(text).expanduser()
     if path.suffix in {".yaml", ".yml"}:
         return _load_spec_file(path, input_shapes, calib_data, frozen)
@@ -313,6 +377,13 @@ def _load_spec_file(path: Path, input_shapes: dict[str, tuple[int, ...]], calib_
     except ValidationError as e:
         where = "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
         raise ConfigError(f"model spec {path}: {where} (model '{_spec_model_name(data, path)}')") from None
+    if spec.kind not in MODEL_KINDS:
+        raise ConfigError(f"model spec {path}: kind '{spec.kind}' is not one of {', '.join(MODEL_KINDS)}")
+    if spec.kind == "llm":
+        return _llm_spec(path, spec, calib_data)
+    if spec.path is None or spec.llm is not None:
+        raise ConfigError(f"model spec {path}: a model of kind onnx needs `path:` (the ONNX file) and no `llm:` "
+                          "section (set `kind: llm` for a prefill/decode pair)")
     model_path = (path.parent / spec.path).resolve()
     if not model_path.exists():
         raise ModelError(f"model spec {path}: path '{spec.path}' does not exist ({model_path})")
@@ -322,6 +393,30 @@ def _load_spec_file(path: Path, input_shapes: dict[str, tuple[int, ...]], calib_
                      input_shapes=shapes, calib_data=calib, thresholds=spec.thresholds,
                      freeze_inputs={**spec.freeze_inputs, **freeze_inputs},
                      rewrites=tuple(_spec_relative_rewrite(r, path.parent) for r in spec.rewrites))
+
+
+def _llm_spec(path: Path, spec: _SpecFile, calib_data: Path | None) -> ModelSpec:
+    """Return the ModelSpec of a kind-llm spec file, its files resolved against the spec's folder."""
+    if spec.llm is None or spec.path is not None or spec.input_shapes or spec.freeze_inputs or spec.rewrites:
+        raise ConfigError(f"model spec {path}: a model of kind llm is described by its `llm:` section "
+                          "(prefill, decode, tokenizer, eval_text, calib_text, prompts); `path`, `input_shapes`, "
+                          "`freeze_inputs` and `rewrites` apply to kind onnx only")
+    llm = spec.llm
+
+    def resolve(key: str, value: str | None) -> Path | None:
+        if value is None:
+            return None
+        resolved = (path.parent / value).resolve()
+        if not resolved.is_file():
+            raise ModelError(f"model spec {path}: llm.{key} '{value}' does not exist ({resolved})")
+        return resolved
+
+    files = LlmFiles(prefill=resolve("prefill", llm.prefill), decode=resolve("decode", llm.decode),
+                     tokenizer=resolve("tokenizer", llm.tokenizer), eval_text=resolve("eval_text", llm.eval_text),
+                     calib_text=resolve("calib_text", llm.calib_text), prompts=tuple(llm.prompts),
+                     max_new_tokens=llm.max_new_tokens, stop_token=llm.stop_token)
+    return ModelSpec(name=spec.name or _name_from_path(files.prefill), source=str(path.resolve()), path=None,
+                     calib_data=calib_data, thresholds=spec.thresholds, kind="llm", llm=files)
 
 
 def _spec_relative_rewrite(reference: str, spec_dir: Path) -> str:

@@ -6,10 +6,8 @@ can ask for what it needs without knowing whether another step already built it.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, TypeVar
 
 from harness import sizing
 from harness.cache import ArtifactCache
@@ -17,6 +15,8 @@ from harness.data import Dataset, Feed, with_evaluation_count
 from harness.devices import DeviceSpec, SocSpec
 from harness.encodings import exported_encodings
 from harness.errors import HarnessError, StepError
+from harness.llm.pipeline import LlmOnboarding
+from harness.memo import memoized
 from harness.model_sources import dataset_for, source_model
 from harness.models import ModelSpec
 from harness.runner.client import DeviceRunner
@@ -26,26 +26,6 @@ from harness.steps import concurrency, energy, sustained, validation_accuracy
 from harness.steps.context_binary import ContextBinary
 from harness.steps.inference import host_reference
 from harness.steps.report import StepReport
-
-T = TypeVar("T")
-
-
-def memoized(method: Callable[["Onboarding"], T]) -> Callable[["Onboarding"], T]:
-    """Cache a method's result, or the HarnessError it raised, per Onboarding instance."""
-    @functools.wraps(method)
-    def wrapper(self: "Onboarding") -> T:
-        memo = self._memo
-        if method.__name__ not in memo:
-            try:
-                memo[method.__name__] = (True, method(self))
-            except Exception as e:  # re-raised below, and on every later call
-                memo[method.__name__] = (False, e)
-        ok, value = memo[method.__name__]
-        if not ok:
-            raise value
-        return value
-    return wrapper
-
 
 @dataclass(frozen=True)
 class Target:
@@ -61,7 +41,7 @@ class Target:
         return f"{self.device.id}-{self.model.name}"
 
 
-class Onboarding:
+class Onboarding(LlmOnboarding):
     """Artifacts and step reports for one Target, computed on demand."""
 
     def __init__(self, target: Target, runner: DeviceRunner, cache: ArtifactCache,

@@ -341,6 +341,53 @@ class DeviceRunner:
         budget_s = duration_s + solo_duration_s * len(plans) + 60.0 * sessions
         return self._execute(model, "htp", argv, feeds, None, timeout_s=max(self.timeout_s, budget_s + 300.0))
 
+    def run_tool(self, script: Path, command: list[str], *, timeout_s: float | None = None,
+                 keep_dir: Path | None = None, env: dict[str, str] | None = None) -> dict:
+        """Run a device-side tool (a script beside device_runner.py in the device's bin/, e.g. llm_runner.py or
+        genie_runner.py) with `command` in a fresh job directory; return the result.json it writes.
+
+        Remote paths in `command` are the caller's (push files first with push_model / push_dir). Raises
+        RunnerError with the tool's own message when it reports an error or writes no result.
+        """
+        self._refuse_without_python(f"{script.name}")
+        self.deploy()
+        remote_script = f"bin/{script.name}"
+        self.transport.push(script, remote_script)
+        job = f"jobs/{uuid.uuid4().hex[:12]}"
+        argv = [*self.transport.python, remote_script, *command, "--output_dir", f"{job}/out"]
+        if env:
+            argv = ["env", *(f"{k}={v}" for k, v in sorted(env.items())), *argv]
+        with tempfile.TemporaryDirectory(prefix="harness-tool-") as tmp:
+            out_dir = Path(tmp) / "out"
+            try:
+                result = self.transport.run(argv, timeout_s=timeout_s or self.timeout_s)
+                try:
+                    self.transport.pull(f"{job}/out", out_dir)
+                    report = json.loads((out_dir / "result.json").read_text())
+                except (DeviceLostError, DeviceTimeoutError):
+                    raise
+                except (TransportError, OSError, ValueError):
+                    raise RunnerError(f"{script.name} failed before writing its result", device=self.transport.device_id,
+                                      argv=argv, rc=result.rc, stdout=result.stdout, stderr=result.stderr) from None
+            finally:
+                self.transport.remove(job)
+            if keep_dir is not None:
+                shutil.copytree(out_dir, keep_dir, dirs_exist_ok=True)
+        if report.get("error"):
+            raise RunnerError(f"{script.name} {command[0]}: {report['error']}", device=self.transport.device_id,
+                              argv=argv, rc=result.rc)
+        return report
+
+    def push_dir(self, local: Path, remote: str) -> str:
+        """Push a directory once per content (keyed by remote name, completed by a marker); return remote."""
+        if not self.transport.exists(f"{remote}/.complete"):
+            self.transport.push(local, remote)
+            with tempfile.TemporaryDirectory(prefix="harness-mark-") as tmp:
+                marker = Path(tmp) / ".complete"
+                marker.write_text("ok\n")
+                self.transport.push(marker, f"{remote}/.complete")
+        return remote
+
     def _refuse_without_python(self, what: str) -> None:
         """Raise RunnerError when the device runs qnn-net-run, which has no such mode."""
         if self.transport.runner_kind == "qnn-net-run":

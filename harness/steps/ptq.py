@@ -40,7 +40,7 @@ class QuantRecipe:
     @property
     def name(self) -> str:
         """A readable id, e.g. 'MinMax-a8-w8-pt'."""
-        bits = {"QUInt8": "8", "QInt8": "8s", "QUInt16": "16", "QInt16": "16s"}
+        bits = {"QUInt8": "8", "QInt8": "8s", "QUInt16": "16", "QInt16": "16s", "QUInt4": "4", "QInt4": "4s"}
         return (f"{self.calibrate_method}-a{bits[self.activation_type]}-w{bits[self.weight_type]}-"
                 f"{'pc' if self.per_channel else 'pt'}{'-sym' if self.activation_symmetric else ''}"
                 f"{'+overrides' if self.encodings else ''}{'+' + self.label if self.label else ''}")

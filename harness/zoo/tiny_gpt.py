@@ -53,6 +53,7 @@ __all__ = [
     "EOT_ID",
     "EOT_TOKEN",
     "HELDOUT_EVERY",
+    "INPUT_NAMES",
     "SEQ_LEN",
     "TEXT_SOURCE",
     "VOCAB_SIZE",
@@ -73,6 +74,9 @@ __all__ = [
     "unigram_perplexity",
 ]
 
+# The graph inputs of the exported pair (harness.llm.export), for --input-shape/--freeze-input routing.
+INPUT_NAMES = ("input_ids", "attention_mask", "position_ids",
+               *(f"past_{kv}_{layer}_in" for layer in range(GptConfig().layers) for kv in ("key", "value")))
 TEXT_SOURCE = "pydoc_data.topics"
 EOT_TOKEN = "<|endoftext|>"
 EOT_ID = 0

@@ -1,0 +1,156 @@
+"""Quantizing a prefill/decode pair: calibration feeds from the float KV loop, and encodings both graphs share.
+
+The two graphs exchange their KV cache (Genie writes a graph's past_*_out into the next call's past_*_in,
+whichever graph makes it), so those tensors — and the attention mask and logits Genie reads and writes —
+must have one encoding in both graphs. Each graph's internal activations are calibrated on its own feeds;
+the weights are the same initializers in both, so MinMax gives them the same encodings anyway.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from harness.llm import convention
+from harness.runner import llm_runner
+from harness.steps.ptq import QuantRecipe
+
+Feed = dict[str, np.ndarray]
+QMAX = {"QUInt8": 255, "QUInt16": 65535}
+
+# The recipes of the LLM path: weights x activations, as AI Hub names them.
+LLM_RECIPES = {
+    "w8a16": QuantRecipe(activation_type="QUInt16", weight_type="QUInt8", per_channel=False, label="llm"),
+    "w8a8": QuantRecipe(activation_type="QUInt8", weight_type="QUInt8", per_channel=False, label="llm"),
+    # 4-bit only where AI Hub's w4a16 puts it, the linear layers' weights (per output channel, symmetric);
+    # LayerNorm parameters and embedding tables stay 8-bit (the HTP refuses a LayerNorm with 4-bit weights)
+    "w4a16": QuantRecipe(activation_type="QUInt16", weight_type="QUInt8", per_channel=False, label="llm"),
+}
+FOUR_BIT_WEIGHTS = {"w4a16"}
+DEFAULT_RECIPE = "w8a16"
+
+
+@dataclass
+class PairCalibration:
+    """Recorded float-loop calls of both graphs: (feed, outputs) pairs."""
+
+    prefill: list[tuple[Feed, Feed]]
+    decode: list[tuple[Feed, Feed]]
+
+    def feeds(self, graph: str) -> list[Feed]:
+        """Return the recorded feeds of 'prefill' or 'decode'."""
+        return [feed for feed, _ in getattr(self, graph)]
+
+
+class _Recording(llm_runner.Graph):
+    """A host CPU graph that keeps a copy of every call's feed and outputs."""
+
+    def __init__(self, path: Path, label: str) -> None:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        super().__init__(ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]), label)
+        self.calls: list[tuple[Feed, Feed]] = []
+
+    def run(self, feed):
+        outs, elapsed = super().run(feed)
+        self.calls.append(({k: v.copy() for k, v in feed.items()}, outs))
+        return outs, elapsed
+
+
+def calibrate_pair(prefill: Path, decode: Path, ids: np.ndarray, sequences: int = 8,
+                   decode_every: int = 8) -> PairCalibration:
+    """Return the float pair's calls on `sequences` spans of ids, teacher-forced through the KV loop as
+    generation uses it: a prefill of 8..AR tokens from an empty cache (every other span then a second
+    prefill chunk after it), then the decode graph one token at a time to the full context; every
+    `decode_every`-th decode call is kept."""
+    pre, dec = _Recording(prefill, "prefill"), _Recording(decode, "decode")
+    loop = llm_runner.KvLoop(np, pre, dec)
+    context, ar = loop.context, pre.ar
+    if len(ids) < context:
+        raise ValueError(f"calibration text of {len(ids)} tokens: need at least the context length {context}")
+    starts = np.linspace(0, len(ids) - context, num=sequences).astype(np.int64)
+    kept_decode: list[tuple[Feed, Feed]] = []
+    for k, start in enumerate(starts):
+        span = [int(t) for t in ids[start:start + context]]
+        first = min(ar, 8 + k * max(1, (ar - 8) // max(1, sequences - 1)))
+        loop.reset()
+        dec.calls.clear()
+        loop.prefill(span[:first])
+        n = first
+        if k % 2 == 1 and n + ar <= loop.slots:
+            loop.prefill(span[n:n + ar])
+            n += ar
+        for token in span[n:context]:
+            loop.decode(token)
+        kept_decode += dec.calls[::decode_every]
+    return PairCalibration(prefill=pre.calls, decode=kept_decode)
+
+
+def _shared_names(pair: convention.PairInfo) -> list[str]:
+    """The float tensors both graphs exchange with the runtime: the mask, the KV cache in and out, the logits."""
+    names = [convention.ATTENTION_MASK, convention.LOGITS]
+    for layer in range(pair.layers):
+        names += [convention.past_key_in(layer), convention.past_key_out(layer),
+                  convention.past_value_in(layer), convention.past_value_out(layer)]
+    return names
+
+
+def _kv_group(name: str) -> str:
+    """past_key_3_in and past_key_3_out share one encoding (the cache holds what the outputs wrote)."""
+    match = convention.KV_NAME.match(name)
+    return f"past_{match.group(1)}_{match.group(2)}" if match else name
+
+
+def shared_overrides(calibration: PairCalibration, pair: convention.PairInfo,
+                     activation_type: str) -> dict[str, list[dict]]:
+    """Return tensor overrides (scale, zero point, type) giving the exchanged tensors one asymmetric MinMax
+    encoding over both graphs' calls, a KV layer's input and output tied together."""
+    ranges: dict[str, tuple[float, float]] = {}
+    for feed, outs in calibration.prefill + calibration.decode:
+        for name in _shared_names(pair):
+            value = feed.get(name, outs.get(name))
+            if value is None:
+                continue
+            group = _kv_group(name)
+            lo, hi = ranges.get(group, (0.0, 0.0))
+            ranges[group] = (min(lo, float(value.min())), max(hi, float(value.max())))
+    qmax = QMAX[activation_type]
+    overrides = {}
+    for name in _shared_names(pair):
+        lo, hi = ranges[_kv_group(name)]
+        scale = (hi - lo) / qmax if hi > lo else 1.0
+        overrides[name] = [{"quant_type": activation_type, "scale": scale,
+                            "zero_point": int(np.clip(round(-lo / scale), 0, qmax))}]
+    return overrides
+
+
+def linear_weight_overrides(float_model: Path) -> dict[str, list[dict]]:
+    """Return overrides making every Gemm/MatMul weight (a 2-D initializer as input B) 4-bit symmetric per
+    output channel (axis 1, or 0 for a Gemm with transB)."""
+    import onnx
+
+    model = onnx.load(str(float_model), load_external_data=False)
+    inits = {i.name: len(i.dims) for i in model.graph.initializer}
+    overrides = {}
+    for node in model.graph.node:
+        if node.op_type in ("Gemm", "MatMul") and inits.get(node.input[1]) == 2:
+            trans_b = any(a.name == "transB" and a.i for a in node.attribute)
+            overrides[node.input[1]] = [{"quant_type": "QInt4", "symmetric": True, "axis": 0 if trans_b else 1}]
+    return overrides
+
+
+def pair_recipe(name: str, calibration: PairCalibration, pair: convention.PairInfo,
+                float_model: Path) -> QuantRecipe:
+    """Return the recipe `name` (w8a16, w8a8, w4a16) with the pair's shared encodings as tensor overrides
+    (and, for 4-bit weights, the linear layers' weights of float_model, the same names in both graphs)."""
+    from dataclasses import replace
+
+    base = LLM_RECIPES[name]
+    overrides = shared_overrides(calibration, pair, base.activation_type)
+    if name in FOUR_BIT_WEIGHTS:
+        overrides.update(linear_weight_overrides(float_model))
+    return replace(base, tensor_overrides=overrides, label=f"llm-{name}")

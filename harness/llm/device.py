@@ -1,0 +1,119 @@
+"""Running a prefill/decode pair: on a device through its runner (llm_runner.py), and on the host in-process."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from harness.data import feeds_digest
+from harness.errors import RunnerError
+from harness.runner import llm_runner
+from harness.runner.client import DeviceRunner
+
+LLM_RUNNER = Path(llm_runner.__file__)
+
+
+def _push_data(runner: DeviceRunner, name: str, payload: bytes) -> str:
+    """Push bytes once per content as data/<digest>/<name>; return the remote path."""
+    with tempfile.TemporaryDirectory(prefix="harness-llm-") as tmp:
+        local = Path(tmp) / name
+        local.write_bytes(payload)
+        remote = f"data/llm-{feeds_digest([{'payload': np.frombuffer(payload, np.uint8)}])}"
+        runner.push_dir(Path(tmp), remote)
+    return f"{remote}/{name}"
+
+
+def _soc_args(runner: DeviceRunner, runtime: str) -> list[str]:
+    soc = runner.transport.soc
+    return ["--runtime", runtime, "--htp_arch", str(soc.htp_arch), "--soc_model", str(soc.soc_model)]
+
+
+def device_nll(runner: DeviceRunner, prefill: Path, windows: np.ndarray, runtime: str = "htp") -> dict:
+    """Return llm_runner's `nll` result for token windows [N, W] through the prefill graph on the device."""
+    import io
+
+    buffer = io.BytesIO()
+    np.save(buffer, np.ascontiguousarray(windows, dtype=np.int32))
+    remote_windows = _push_data(runner, "windows.npy", buffer.getvalue())
+    return runner.run_tool(LLM_RUNNER, ["nll", "--prefill", runner.push_model(prefill), "--windows", remote_windows,
+                                        *_soc_args(runner, runtime)])
+
+
+def device_generate(runner: DeviceRunner, prefill: Path, decode: Path, prompts: list[tuple[int, ...]],
+                    max_new: int, runtime: str = "htp", stop_id: int | None = None) -> dict:
+    """Return llm_runner's `generate` result: greedy tokens per prompt with Genie's KV loop on the device."""
+    remote_prompts = _push_data(runner, "prompts.json", json.dumps([list(p) for p in prompts]).encode())
+    command = ["generate", "--prefill", runner.push_model(prefill), "--decode", runner.push_model(decode),
+               "--prompts", remote_prompts, "--max_new", str(max_new), *_soc_args(runner, runtime)]
+    if stop_id is not None:
+        command += ["--stop_id", str(stop_id)]
+    return runner.run_tool(LLM_RUNNER, command)
+
+
+def _host_graph(model: Path, label: str, emulate_qdq: bool) -> llm_runner.Graph:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    if emulate_qdq:  # keep every Q/DQ pair: the host's emulation of the HTP's quantized arithmetic
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    except Exception as e:
+        raise RunnerError(f"onnxruntime on the host cannot load the {label} graph {model}: "
+                          f"{str(e).splitlines()[0]}") from None
+    return llm_runner.Graph(session, label)
+
+
+def host_nll(prefill: Path, windows: np.ndarray, emulate_qdq: bool = False) -> dict:
+    """Return {nll_sum, token_count, perplexity} of windows [N, W] through the prefill graph on the host CPU."""
+    loop = llm_runner.KvLoop(np, _host_graph(prefill, "prefill", emulate_qdq))
+    total, count = 0.0, 0
+    for window in np.asarray(windows).tolist():
+        nll, n = loop.window_nll(window)
+        total, count = total + nll, count + n
+    return {"nll_sum": total, "token_count": count, "perplexity": float(np.exp(total / count))}
+
+
+def host_generate(prefill: Path, decode: Path, prompts: list[tuple[int, ...]], max_new: int,
+                  stop_id: int | None = None, emulate_qdq: bool = False) -> list[dict]:
+    """Return greedy generations (llm_runner's per-prompt records) of the pair on the host CPU."""
+    loop = llm_runner.KvLoop(np, _host_graph(prefill, "prefill", emulate_qdq),
+                             _host_graph(decode, "decode", emulate_qdq))
+    return [loop.generate(list(p), max_new, stop_id) for p in prompts]
+
+
+def matched_prefix(a: list[int], b: list[int]) -> int:
+    """Return how many leading tokens a and b share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class FloatJudge:
+    """The float pair on the host, judging generated tokens teacher-forced: a token agrees with the float
+    model's greedy choice when its float logit is within `margin` of the top one (the top two of a near-tie
+    are both the float model's choice: rounding alone picks between them)."""
+
+    def __init__(self, prefill: Path, decode: Path, margin: float) -> None:
+        self.loop = llm_runner.KvLoop(np, _host_graph(prefill, "prefill", False), _host_graph(decode, "decode", False))
+        self.margin = margin
+
+    def consistent_prefix(self, prompt: tuple[int, ...], generated: list[int]) -> int:
+        """Return how many leading generated tokens the float model would have chosen (up to a near-tie)."""
+        if not generated:
+            return 0
+        self.loop.reset()
+        logits = self.loop.prefill([*prompt, *generated[:-1]])[len(prompt) - 1:]
+        n = 0
+        for row, token in zip(logits, generated):
+            if float(row.max() - row[token]) > self.margin:
+                break
+            n += 1
+        return n

@@ -1,0 +1,171 @@
+"""The LLM path of the Onboarding pipeline (models of kind llm): the graph pair's artifacts and step reports.
+
+A base class of harness.pipeline.Onboarding, so one pipeline serves both kinds: the same target, runner,
+cache, thresholds and memoisation; its methods are named llm_* / genie_* so they never meet Steps 1-7's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import onnx
+
+from harness.errors import ConfigError, StepError
+from harness.llm import calibration, convention, steps, text
+from harness.llm.steps import GRAPHS, Pair
+from harness.memo import memoized
+from harness.models import LlmFiles
+from harness.steps import context_binary, conversion, feasibility
+from harness.steps.report import StepReport
+
+if TYPE_CHECKING:
+    from harness.cache import ArtifactCache
+    from harness.pipeline import Target
+    from harness.runner.client import DeviceRunner
+
+EVAL_WINDOWS = 48  # held-out windows of AR tokens scored for perplexity (~1,500 tokens for tiny_gpt)
+CALIBRATION_SEQUENCES = 8
+
+
+class LlmOnboarding:
+    """Artifacts and step reports of a kind-llm model for one target."""
+
+    target: "Target"
+    runner: "DeviceRunner"
+    cache: "ArtifactCache"
+    _memo: dict
+
+    def _require_llm(self) -> None:
+        if not self.target.model.is_llm:
+            raise ConfigError(f"model '{self.target.model.name}' is of kind {self.target.model.kind}: the LLM "
+                              "path needs a prefill/decode pair (kind: llm)")
+
+    @memoized
+    def llm_files(self) -> LlmFiles:
+        """The model's files (the built-in model trained, exported and cached on first use)."""
+        from harness.model_sources import llm_files
+
+        self._require_llm()
+        return llm_files(self.target.model, self.cache)
+
+    @memoized
+    def llm_source_pair(self) -> convention.PairInfo:
+        """The pair as given, checked against Genie's convention (ModelError naming the tensor otherwise)."""
+        files = self.llm_files()
+        return convention.check_pair(files.prefill, files.decode)
+
+    @memoized
+    def llm_tokenizer(self):
+        """The model's tokenizer (ModelError when the file does not load or is too large for the logits)."""
+        return text.load_tokenizer(self.llm_files().tokenizer, self.llm_source_pair().vocab)
+
+    def _graph_spec(self, name: str):
+        files = self.llm_files()
+        path = files.prefill if name == "prefill" else files.decode
+        return replace(self.target.model, name=f"{self.target.model.name}-{name}", source=str(path), path=path)
+
+    @memoized
+    def llm_conversions(self) -> dict[str, StepReport]:
+        """Step 2 on each graph: shape fixing, folding, the GELU fused (cached per graph)."""
+        self.llm_source_pair()
+        out = {}
+        for name in GRAPHS:
+            spec = self._graph_spec(name)
+            fixed = conversion.fixed_shape_model(spec.path, spec, self.cache)
+            out[name] = conversion.convert(spec.path, fixed, spec, self.cache)
+        return out
+
+    @memoized
+    def llm_float_pair(self) -> Pair:
+        """The converted float pair."""
+        reports = self.llm_conversions()
+        for name, report in reports.items():
+            if not report.passed or "model" not in report.artifacts:
+                raise StepError(f"conversion of the {name} graph did not pass: {(report.problems() or ['?'])[0]}")
+        return Pair(reports["prefill"].artifacts["model"], reports["decode"].artifacts["model"])
+
+    @memoized
+    def llm_pair(self) -> convention.PairInfo:
+        """The converted pair's dims (still Genie's convention)."""
+        pair = self.llm_float_pair()
+        return convention.check_pair(pair.prefill, pair.decode)
+
+    @memoized
+    def llm_calibration(self) -> calibration.PairCalibration:
+        """Both graphs' float calls on the calibration text, teacher-forced through the KV loop."""
+        files = self.llm_files()
+        ids = text.token_ids(self.llm_tokenizer(), text.read_text(files.calib_text, "calib"))
+        pair = self.llm_float_pair()
+        try:
+            return calibration.calibrate_pair(pair.prefill, pair.decode, ids, sequences=CALIBRATION_SEQUENCES)
+        except ValueError as e:
+            raise ConfigError(f"calibration text {files.calib_text}: {e}") from None
+
+    def llm_quantized(self, recipe: str) -> Pair:
+        """The pair quantized with `recipe` (w8a16, w8a8, w4a16) and the encodings both graphs share."""
+        from harness.steps import ptq
+
+        key = f"llm_quantized_{recipe}"
+        if key not in self._memo:
+            cal, floats = self.llm_calibration(), self.llm_float_pair()
+            quant = calibration.pair_recipe(recipe, cal, self.llm_pair(), floats.prefill)
+            self._memo[key] = Pair(*(ptq.quantize(floats.graph(g), cal.feeds(g), quant, self.cache) for g in GRAPHS))
+        return self._memo[key]
+
+    @property
+    def llm_recipe(self) -> str:
+        """The recipe that ships."""
+        return calibration.DEFAULT_RECIPE
+
+    # ------------------------------------------------------------------ steps
+
+    @memoized
+    def llm_conversion(self) -> StepReport:
+        """LLM Step 2: both graphs converted, the pair still in Genie's convention."""
+        return steps.llm_conversion(self.llm_conversions(), self.llm_pair())
+
+    @memoized
+    def llm_feasibility(self) -> StepReport:
+        """LLM Step 1: each graph's quantized placement on the HTP, and the KV cache and weights in the budget."""
+        floats, shipped = self.llm_float_pair(), self.llm_quantized(self.llm_recipe)
+        placements = {g: feasibility.check_feasibility(floats.graph(g), self.target.soc, self.runner,
+                                                       self.target.model.thresholds, quantized_model=shipped.graph(g))
+                      for g in GRAPHS}
+        weights = feasibility.weights_bytes(onnx.load(str(shipped.prefill)))
+        act_bytes = 2 if calibration.LLM_RECIPES[self.llm_recipe].activation_type == "QUInt16" else 1
+        return steps.llm_feasibility(placements, self.llm_pair(), weights, act_bytes, self.target.model.thresholds)
+
+    @memoized
+    def llm_accuracy(self) -> StepReport:
+        """LLM Step 3: perplexity on host and HTP, greedy agreement, the recipe sweep."""
+        files, tokenizer, pair = self.llm_files(), self.llm_tokenizer(), self.llm_pair()
+        ids = text.token_ids(tokenizer, text.read_text(files.eval_text, "eval"))
+        windows = text.nll_windows(ids, pair.prefill_ar, EVAL_WINDOWS)
+        prompts = text.prompts(files, tokenizer, pair.context_length, files.max_new_tokens)
+        quantized = {name: self.llm_quantized(name) for name in calibration.LLM_RECIPES}
+        return steps.llm_accuracy(self.llm_float_pair(), quantized, self.llm_recipe, windows, prompts,
+                                  files.max_new_tokens, text.stop_id(files, tokenizer), tokenizer, self.runner,
+                                  self.target.model.thresholds)
+
+    @memoized
+    def llm_context_binaries(self) -> dict[str, context_binary.ContextBinary]:
+        """Both shipped graphs compiled into context binaries for the target's SoC (cached)."""
+        shipped = self.llm_quantized(self.llm_recipe)
+        return {g: context_binary.compile_context(shipped.graph(g), self.target.soc, self.cache) for g in GRAPHS}
+
+    @memoized
+    def llm_context_binary(self) -> StepReport:
+        """LLM Step 4 report."""
+        return steps.llm_context_binary(self.llm_context_binaries(), self.target.soc.id)
+
+    def llm_context_pair(self) -> Pair:
+        """The compiled pair (EPContext models beside their .bin files)."""
+        binaries = self.llm_context_binaries()
+        return Pair(binaries["prefill"].model, binaries["decode"].model)
+
+    def llm_prompts(self) -> list[text.TokenizedPrompt]:
+        """The model's prompts, tokenized and checked against the context length."""
+        files = self.llm_files()
+        return text.prompts(files, self.llm_tokenizer(), self.llm_pair().context_length, files.max_new_tokens)
+

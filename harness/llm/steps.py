@@ -1,0 +1,167 @@
+"""The LLM path's steps (kind-llm models): plain functions from the graph pair's artifacts to StepReports.
+
+llm_feasibility   both graphs' placement on the HTP (quantized form, CPU fallback disabled and allowed),
+                  KV cache and weights against the memory budget
+llm_conversion    both graphs converted (shape fixing, folding, the Erf GELU fused), the pair's convention
+llm_accuracy      perplexity of held-out text on the host (float, QDQ emulation) and the HTP, greedy-token
+                  agreement with the float model, and the recipe sweep (w8a16, w8a8, w4a16)
+llm_context_binary  both graphs compiled into context binaries for the SoC
+(genie_runtime and genie_stress are in harness.llm.genie_steps)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from harness.kpi import Limit
+from harness.llm import convention
+from harness.llm.device import FloatJudge, device_generate, device_nll, host_generate, host_nll, matched_prefix
+from harness.llm.text import TokenizedPrompt
+from harness.models import Thresholds
+from harness.runner.client import DeviceRunner, latency_source
+from harness.steps.context_binary import ContextBinary
+from harness.steps.report import StepReport
+
+GRAPHS = ("prefill", "decode")
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One form of the graph pair (float, a QDQ recipe, or context binaries)."""
+
+    prefill: Path
+    decode: Path
+
+    def graph(self, name: str) -> Path:
+        """Return the 'prefill' or 'decode' graph."""
+        return getattr(self, name)
+
+
+def kv_cache_bytes(pair: convention.PairInfo, element_bytes: int) -> int:
+    """Return the KV cache's size: keys and values of every layer over the whole context."""
+    return 2 * pair.layers * pair.heads * pair.head_dim * pair.context_length * element_bytes
+
+
+def llm_feasibility(placements: dict[str, StepReport], pair: convention.PairInfo, weights_bytes: int,
+                    activation_bytes: int, thresholds: Thresholds) -> StepReport:
+    """Return the LLM feasibility report from each graph's Step 1 placement report (harness.steps.feasibility),
+    with the KV cache (at the activations' width) and the shared weights held to the memory budget."""
+    report = StepReport("llm_feasibility")
+    kv = kv_cache_bytes(pair, activation_bytes)
+    report.kpis = {"layers": pair.layers, "heads": pair.heads, "head_dim": pair.head_dim,
+                   "context_length": pair.context_length, "prefill_ar": pair.prefill_ar, "vocab": pair.vocab,
+                   "kv_cache_bytes": kv, "weights_bytes": weights_bytes, "memory_footprint_bytes": kv + weights_bytes}
+    for name, sub in placements.items():
+        for key in ("htp_fraction", "nodes_on_htp", "nodes_total", "unsupported_ops", "boundary_qdq_on_cpu",
+                    "form_checked"):
+            if key in sub.kpis:
+                report.kpis[f"{name}_{key}"] = sub.kpis[key]
+        report.failures += [f"{name} graph: {p}" for p in sub.failures]
+        report.notes += [f"{name} graph: {n}" for n in sub.notes]
+        report.tables[f"{name}_op_placement"] = sub.tables.get("op_placement", [])
+        report.limits.append(Limit(f"{name}_htp_fraction", minimum=thresholds.min_htp_fraction, marginal=0.0))
+    report.limits.append(Limit("memory_footprint_bytes", maximum=thresholds.memory_budget_mb * 1024 * 1024))
+    return report
+
+
+def llm_conversion(conversions: dict[str, StepReport], pair: convention.PairInfo) -> StepReport:
+    """Return the LLM conversion report: both graphs' Step 2 reports and the pair's convention dims."""
+    report = StepReport("llm_conversion")
+    report.kpis = {"layers": pair.layers, "context_length": pair.context_length, "prefill_ar": pair.prefill_ar,
+                   "vocab": pair.vocab, "kv_layout": "key [H, 1, Dh, CL-AR], value [H, 1, CL-AR, Dh]"}
+    for name, sub in conversions.items():
+        for key in ("nodes_before", "nodes_after", "transforms", "equivalence_max_abs_diff", "equivalence_cosine"):
+            if key in sub.kpis:
+                report.kpis[f"{name}_{key}"] = sub.kpis[key]
+        report.failures += [f"{name} graph: {p}" for p in sub.problems()]
+        report.notes += [f"{name} graph: {n}" for n in sub.notes]
+        report.artifacts[name] = sub.artifacts["model"]
+        report.tables[f"{name}_transforms"] = sub.tables.get("transforms", [])
+    return report
+
+
+def _agreement(reference: list[dict], generated: list[dict]) -> list[int]:
+    """Return, per prompt, how many leading generated tokens equal the reference's."""
+    return [matched_prefix(r["generated_ids"], g["generated_ids"]) for r, g in zip(reference, generated)]
+
+
+def agreement_kpis(judge: FloatJudge, prompts: list[TokenizedPrompt], reference: list[dict],
+                   generated: list[dict], max_new: int) -> dict:
+    """Return greedy agreement KPIs of generations against the float model: exact (the same tokens as the
+    float greedy loop) and up to near-ties (tokens the float model ranks within the margin of its top)."""
+    exact = _agreement(reference, generated)
+    consistent = [judge.consistent_prefix(p.ids, g["generated_ids"]) for p, g in zip(prompts, generated)]
+    return {"greedy_agreement": round(float(np.mean([c / max_new for c in consistent])), 4),
+            "greedy_exact_agreement": round(float(np.mean([m / max_new for m in exact])), 4),
+            "min_agreeing_tokens": min(consistent), "min_exact_tokens": min(exact),
+            "agreeing_tokens": consistent, "exact_tokens": exact}
+
+
+def llm_accuracy(float_pair: Pair, quantized: dict[str, Pair], shipped: str, windows: np.ndarray,
+                 prompts: list[TokenizedPrompt], max_new: int, stop_id: int | None, tokenizer,
+                 runner: DeviceRunner, thresholds: Thresholds) -> StepReport:
+    """Return the LLM accuracy report: held-out perplexity of the float pair (host), of each quantized recipe
+    (host QDQ emulation and the device's HTP), greedy agreement of each recipe on the HTP with the float
+    model, and limits on the shipped recipe."""
+    ids = [p.ids for p in prompts]
+    float_ppl = host_nll(float_pair.prefill, windows)["perplexity"]
+    reference = host_generate(float_pair.prefill, float_pair.decode, ids, max_new, stop_id)
+    judge = FloatJudge(float_pair.prefill, float_pair.decode, thresholds.greedy_tie_margin)
+    rows, generations, agreements = [], {}, {}
+    for name, pair in quantized.items():
+        qdq_ppl = host_nll(pair.prefill, windows, emulate_qdq=True)["perplexity"]
+        nll = device_nll(runner, pair.prefill, windows)
+        generated = device_generate(runner, pair.prefill, pair.decode, ids, max_new, stop_id=stop_id)["prompts"]
+        generations[name] = generated
+        agreements[name] = agreement_kpis(judge, prompts, reference, generated, max_new)
+        rows.append({"recipe": name, "shipped": name == shipped, "perplexity_float_host": round(float_ppl, 4),
+                     "perplexity_qdq_host": round(qdq_ppl, 4), "perplexity_htp": round(nll["perplexity"], 4),
+                     "perplexity_increase": round(nll["perplexity"] / float_ppl - 1.0, 5),
+                     **{k: v for k, v in agreements[name].items() if not isinstance(v, list)}})
+    ship = next(r for r in rows if r["recipe"] == shipped)
+    report = StepReport("llm_accuracy")
+    report.kpis = {
+        "recipe": shipped, "eval_windows": int(len(windows)), "eval_tokens": int(windows.shape[0] * (windows.shape[1] - 1)),
+        "window_tokens": int(windows.shape[1]), "prompts": len(prompts), "max_new_tokens": max_new,
+        "perplexity_float_host": float_ppl, "perplexity_qdq_host": ship["perplexity_qdq_host"],
+        "perplexity_htp": ship["perplexity_htp"], "perplexity_increase": ship["perplexity_increase"],
+        "host_htp_perplexity_gap": abs(ship["perplexity_htp"] - ship["perplexity_qdq_host"]) / ship["perplexity_qdq_host"],
+        **agreements[shipped], "greedy_tie_margin": thresholds.greedy_tie_margin,
+        "sweep": {r["recipe"]: {"perplexity_htp": r["perplexity_htp"], "greedy_agreement": r["greedy_agreement"]}
+                  for r in rows},
+        "source": latency_source("htp", runner.device_platform()[0]),
+    }
+    report.limits = [Limit("perplexity_increase", maximum=thresholds.max_perplexity_increase),
+                     Limit("host_htp_perplexity_gap", maximum=thresholds.max_host_htp_perplexity_gap),
+                     Limit("greedy_agreement", minimum=thresholds.min_greedy_agreement, marginal=0.0)]
+    if thresholds.max_perplexity is not None:
+        report.limits.append(Limit("perplexity_htp", maximum=thresholds.max_perplexity))
+    report.tables["perplexity_by_recipe"] = rows
+    ship_agreement = agreements[shipped]
+    report.tables["generations"] = [
+        {"prompt": p.text, "float_text": tokenizer.decode(r["generated_ids"]),
+         "htp_text": tokenizer.decode(g["generated_ids"]), "exact_tokens": m, "agreeing_tokens": c,
+         "of": len(r["generated_ids"])}
+        for p, r, g, m, c in zip(prompts, reference, generations[shipped], ship_agreement["exact_tokens"],
+                                 ship_agreement["agreeing_tokens"])]
+    if ship_agreement["greedy_exact_agreement"] < ship_agreement["greedy_agreement"]:
+        report.notes.append(f"{shipped}: some prompts leave the float model's greedy path at a near-tie (its top two "
+                            f"logits within {thresholds.greedy_tie_margin:g}); those tokens count as agreeing, the "
+                            "exact figures are greedy_exact_agreement and exact_tokens")
+    report.kpis["float_generations"] = [r["generated_ids"] for r in reference]
+    return report
+
+
+def llm_context_binary(binaries: dict[str, ContextBinary], soc_id: str) -> StepReport:
+    """Return the report of both graphs' context binaries for one SoC."""
+    report = StepReport("llm_context_binary")
+    report.kpis = {"soc": soc_id, "context_bytes": sum(b.context_bytes for b in binaries.values())}
+    for name, binary in binaries.items():
+        report.kpis[f"{name}_context_bytes"] = binary.context_bytes
+        report.kpis[f"{name}_compile_s"] = binary.info.get("compile_s")
+        report.kpis[f"{name}_cached"] = binary.hit
+        report.artifacts[f"{name}_context"] = binary.model
+    return report
