@@ -197,3 +197,28 @@ def concurrency_bars(rows: Sequence[dict], title: str, path: Path) -> Path:
     ax.legend(fontsize=8, loc="lower right")
     fig.savefig(path, format="png")
     return Path(path)
+
+
+def token_rate_chart(rates: Sequence[dict], rss: Sequence[dict], title: str, path: Path) -> Path:
+    """Write each query's generation rate (tokens/s, one series per worker) against time, with the runner's
+    resident memory on the right axis; return path. rates: {t_s, tokens_per_s, worker}; rss: {t_s, rss_mb}."""
+    fig = _figure(9, 4.5)
+    ax = fig.add_subplot()
+    for worker in sorted({r["worker"] for r in rates}):
+        points = [(r["t_s"], r["tokens_per_s"]) for r in rates if r["worker"] == worker and r["tokens_per_s"]]
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", linewidth=1.2,
+                label=f"worker {worker} tokens/s")
+    ax.set_xlabel("time since the stress run started (s)")
+    ax.set_ylabel("token generation rate (tokens/s)")
+    ax.set_ylim(bottom=0)
+    handles, labels = ax.get_legend_handles_labels()
+    if rss:
+        tx = ax.twinx()
+        tx.plot([s["t_s"] for s in rss], [s["rss_mb"] for s in rss], color="#7f8c8d", linewidth=1, label="RSS (MB)")
+        tx.set_ylabel("runner resident memory (MB)")
+        more_h, more_l = tx.get_legend_handles_labels()
+        handles, labels = handles + more_h, labels + more_l
+    ax.set_title(title, fontsize=10)
+    ax.legend(handles, labels, fontsize=7, loc="lower left")
+    fig.savefig(path, format="png")
+    return Path(path)

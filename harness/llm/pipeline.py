@@ -7,6 +7,7 @@ cache, thresholds and memoisation; its methods are named llm_* / genie_* so they
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import onnx
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
 
 EVAL_WINDOWS = 48  # held-out windows of AR tokens scored for perplexity (~1,500 tokens for tiny_gpt)
 CALIBRATION_SEQUENCES = 8
+GENIE_STRESS_ROUNDS = 2
+GENIE_STRESS_CONCURRENT = 2
 
 
 class LlmOnboarding:
@@ -163,6 +166,53 @@ class LlmOnboarding:
         """The compiled pair (EPContext models beside their .bin files)."""
         binaries = self.llm_context_binaries()
         return Pair(binaries["prefill"].model, binaries["decode"].model)
+
+    @memoized
+    def llm_genie_bundle(self) -> Path:
+        """The Genie bundle for the target's SoC (genie_config.json, HTP extensions, both .bin, tokenizer), cached."""
+        from harness.cache import content_key
+        from harness.llm.genie_config import write_bundle
+
+        binaries, files, pair = self.llm_context_binaries(), self.llm_files(), self.llm_pair()
+        bins = [next(p for p in binaries[g].files if p.suffix == ".bin") for g in GRAPHS]
+        stop = text.stop_id(files, self.llm_tokenizer())
+        soc = self.target.soc
+
+        def build(out: Path) -> None:
+            write_bundle(out, bins, files.tokenizer, context_length=pair.context_length, soc_model=soc.soc_model,
+                         dsp_arch=None, eot_id=-1 if stop is None else stop, kv_dim=pair.head_dim, n_vocab=pair.vocab)
+
+        return self.cache.entry("genie-bundle", content_key("genie-v1", *bins, files.tokenizer, soc.id, stop), build).path
+
+    @memoized
+    def genie_runtime(self) -> StepReport:
+        """LLM Step 5: Genie dialogs on the device over the prompts, with Genie's own profile."""
+        from harness.llm.device import FloatJudge
+        from harness.llm.genie_steps import genie_runtime, push_bundle
+
+        bundle, files, pair = self.llm_genie_bundle(), self.llm_files(), self.llm_pair()
+        device = push_bundle(self.runner, bundle, bundle.name)
+        floats = self.llm_float_pair()
+        judge = FloatJudge(floats.prefill, floats.decode, self.target.model.thresholds.greedy_tie_margin)
+        prompts = self.llm_prompts()
+        reference = self.llm_accuracy().kpis["float_generations"]
+        return genie_runtime(self.runner, device, prompts, files.max_new_tokens, judge, reference,
+                             self.llm_tokenizer(), pair.context_length, self.target.model.thresholds,
+                             self._run_dir("genie_runtime"))
+
+    @memoized
+    def genie_stress(self) -> StepReport:
+        """LLM Step 7: the Genie stress run (dialogs in sequence and concurrently, each filling the context)."""
+        from harness.llm.genie_steps import genie_stress, push_bundle, stress_prompts
+
+        bundle, files, pair = self.llm_genie_bundle(), self.llm_files(), self.llm_pair()
+        device = push_bundle(self.runner, bundle, bundle.name)
+        ids = text.token_ids(self.llm_tokenizer(), text.read_text(files.eval_text, "eval"))
+        options = getattr(self, "validation", None)
+        rounds = getattr(options, "genie_stress_rounds", GENIE_STRESS_ROUNDS)
+        concurrent = getattr(options, "genie_stress_concurrent", GENIE_STRESS_CONCURRENT)
+        return genie_stress(self.runner, device, stress_prompts(ids, pair.context_length), rounds, concurrent,
+                            self.target.model.thresholds, self._run_dir("genie_stress"))
 
     def llm_prompts(self) -> list[text.TokenizedPrompt]:
         """The model's prompts, tokenized and checked against the context length."""

@@ -342,12 +342,13 @@ class DeviceRunner:
         return self._execute(model, "htp", argv, feeds, None, timeout_s=max(self.timeout_s, budget_s + 300.0))
 
     def run_tool(self, script: Path, command: list[str], *, timeout_s: float | None = None,
-                 keep_dir: Path | None = None, env: dict[str, str] | None = None) -> dict:
+                 keep_dir: Path | None = None, env: dict[str, str] | None = None,
+                 raise_on_error: bool = True) -> dict:
         """Run a device-side tool (a script beside device_runner.py in the device's bin/, e.g. llm_runner.py or
         genie_runner.py) with `command` in a fresh job directory; return the result.json it writes.
 
         Remote paths in `command` are the caller's (push files first with push_model / push_dir). Raises
-        RunnerError with the tool's own message when it reports an error or writes no result.
+        RunnerError with the tool's own message when it writes no result, or (raise_on_error) reports an error.
         """
         self._refuse_without_python(f"{script.name}")
         self.deploy()
@@ -373,7 +374,7 @@ class DeviceRunner:
                 self.transport.remove(job)
             if keep_dir is not None:
                 shutil.copytree(out_dir, keep_dir, dirs_exist_ok=True)
-        if report.get("error"):
+        if report.get("error") and raise_on_error:
             raise RunnerError(f"{script.name} {command[0]}: {report['error']}", device=self.transport.device_id,
                               argv=argv, rc=result.rc)
         return report

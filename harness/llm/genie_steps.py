@@ -1,0 +1,176 @@
+"""The LLM path's Genie steps: the pair's context binaries run by Qualcomm's Genie on the device.
+
+genie_runtime  Genie dialogs over the prompts: Genie's own profile (init time, time to first token, prompt and
+               generation rates) and its tokens checked against the float model's greedy choice
+genie_stress   the seed's genie-to-qnn-stress: dialogs in sequence and concurrently, prompts of increasing
+               length each filling the context; errors, the runner's memory growth, token rate over time
+The driver is harness/runner/genie_runner.py (ctypes over libGenie.so, or a device's genie-t2t-run).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from harness import charts
+from harness.kpi import Limit
+from harness.llm.device import FloatJudge, _push_data, matched_prefix
+from harness.llm.text import TokenizedPrompt
+from harness.models import Thresholds
+from harness.runner import genie_runner
+from harness.runner.client import DeviceRunner, latency_source
+from harness.steps.report import StepReport
+
+GENIE_RUNNER = Path(genie_runner.__file__)
+# Concurrent dialogs in separate processes: two dialogs of one process over the 4-layer tiny_gpt crashed libGenie
+# on the HTP simulator (SIGSEGV; threads worked on a 1-layer pair), and a phone app holds one dialog per process.
+STRESS_MODE = "processes"
+
+
+@dataclass(frozen=True)
+class GenieDevice:
+    """Where Genie runs: the bundle's remote folder and the driver's extra flags (genie-t2t-run, its libGenie)."""
+
+    config: str  # remote path of genie_config.json
+    flags: tuple[str, ...] = ()
+
+
+def push_bundle(runner: DeviceRunner, bundle: Path, key: str) -> GenieDevice:
+    """Push a Genie bundle folder once per content; on a device with a QAIRT SDK (adb `qairt_sdk:`), push its
+    genie-t2t-run and libGenie.so for aarch64 Android too and run through them. Return where it runs."""
+    remote = runner.push_dir(bundle, f"genie/{key}")
+    flags: tuple[str, ...] = ()
+    sdk = getattr(runner.transport, "qairt_sdk", None)
+    if sdk is not None and runner.transport.platform == "android":
+        binary = Path(sdk) / "bin" / "aarch64-android" / "genie-t2t-run"
+        lib = Path(sdk) / "lib" / "aarch64-android" / "libGenie.so"
+        if binary.is_file() and lib.is_file():
+            runner.transport.push(binary, "qnn/genie-t2t-run")
+            runner.transport.push(lib, "qnn/libGenie.so")
+            flags = ("--t2t_run", "qnn/genie-t2t-run", "--lib", "qnn/libGenie.so")
+    return GenieDevice(f"{remote}/genie_config.json", flags)
+
+
+def _prompts_file(runner: DeviceRunner, prompts: list[list[int]] | list[str]) -> str:
+    return _push_data(runner, "prompts.json", json.dumps(prompts).encode())
+
+
+def genie_runtime(runner: DeviceRunner, device: GenieDevice, prompts: list[TokenizedPrompt], max_new: int,
+                  judge: FloatJudge, float_tokens: list[list[int]], tokenizer, context_length: int,
+                  thresholds: Thresholds, out_dir: Path) -> StepReport:
+    """Return the Genie runtime report: one dialog over the prompts (as token ids, so Genie's tokens are
+    compared exactly), Genie's profile KPIs and the agreement of its tokens with the float model."""
+    text_mode = bool(device.flags)  # genie-t2t-run takes text prompts
+    given = [p.text for p in prompts] if text_mode else [list(p.ids) for p in prompts]
+    result = runner.run_tool(GENIE_RUNNER, ["dialog", "--config", device.config, "--prompts",
+                                            _prompts_file(runner, given), "--max_new", str(max_new), *device.flags],
+                             keep_dir=out_dir / "genie_dialog")
+    rows = result["prompts"]
+    for row, prompt in zip(rows, prompts):
+        if row.get("generated_ids") is None:  # text out: its ids by the model's tokenizer
+            row["generated_ids"] = tokenizer.encode(row.get("text") or "").ids
+    exact = [matched_prefix(f, r["generated_ids"]) for f, r in zip(float_tokens, rows)]
+    agreeing = [judge.consistent_prefix(p.ids, r["generated_ids"]) for p, r in zip(prompts, rows)]
+    ttft = [r["time_to_first_token_ms"] for r in rows if r.get("time_to_first_token_ms") is not None]
+    rates = [r["tokens_per_s"] for r in rows if r.get("tokens_per_s")]
+    prompt_rates = [r["prompt_tokens_per_s"] for r in rows if r.get("prompt_tokens_per_s")]
+    report = StepReport("genie_runtime")
+    report.kpis = {
+        "driver": "genie-t2t-run" if text_mode else "libGenie (ctypes)",
+        "genie_api_version": result.get("genie_api_version"), "context_length": result.get("context_length")
+        or context_length, "prompts": len(rows), "max_new_tokens": max_new,
+        "init_time_ms": result.get("init_time_ms"),
+        "time_to_first_token_ms_min": min(ttft) if ttft else None,
+        "time_to_first_token_ms_max": max(ttft) if ttft else None,
+        "time_to_first_token_range_ms": {"min": min(ttft), "max": max(ttft)} if ttft else None,
+        "prompt_tokens_per_s": float(np.mean(prompt_rates)) if prompt_rates else None,
+        "tokens_per_s": float(np.mean(rates)) if rates else None,
+        "tokens_per_s_min": min(rates) if rates else None,
+        "genie_prefix_tokens_min": min(agreeing), "genie_exact_prefix_tokens_min": min(exact),
+        "genie_agreeing_tokens": agreeing, "genie_exact_tokens": exact,
+        "peak_rss_mb": result.get("peak_rss_mb"),
+        "source": latency_source("htp", result.get("machine")),
+    }
+    report.limits = [Limit("genie_prefix_tokens_min", minimum=min(thresholds.min_genie_prefix_tokens, max_new),
+                           marginal=0.0)]
+    if thresholds.max_time_to_first_token_ms is not None:
+        report.limits.append(Limit("time_to_first_token_ms_max", maximum=thresholds.max_time_to_first_token_ms))
+    if thresholds.min_tokens_per_s is not None:
+        report.limits.append(Limit("tokens_per_s_min", minimum=thresholds.min_tokens_per_s))
+    source = report.kpis["source"]
+    report.tables["genie_performance"] = [
+        {"prompt": p.text[:60], "prompt_tokens": r.get("num_prompt_tokens"), "generated_tokens": r.get("num_generated_tokens"),
+         "time_to_first_token_ms": r.get("time_to_first_token_ms"), "prompt_tokens_per_s": r.get("prompt_tokens_per_s"),
+         "tokens_per_s": r.get("tokens_per_s"), "source": source} for p, r in zip(prompts, rows)]
+    report.tables["genie_generations"] = [
+        {"prompt": p.text, "genie_text": tokenizer.decode(r["generated_ids"]), "float_text": tokenizer.decode(f),
+         "exact_tokens": m, "agreeing_tokens": a, "of": len(f)}
+        for p, r, f, m, a in zip(prompts, rows, float_tokens, exact, agreeing)]
+    if min(exact) < min(agreeing):
+        report.notes.append(f"Genie left the float model's greedy path at a near-tie on some prompt (top two float "
+                            f"logits within {thresholds.greedy_tie_margin:g}): genie_exact_tokens has the exact counts")
+    if source == "simulator":
+        report.notes.append("timings are the HTP simulator's on this host, not a phone's")
+    return report
+
+
+def stress_prompts(ids: np.ndarray, context_length: int, count: int = 3) -> list[list[int]]:
+    """Return `count` prompts of increasing length (8 tokens up to half the context) cut from ids."""
+    lengths = np.linspace(8, context_length // 2, num=count).astype(int)
+    out, start = [], 0
+    for n in lengths:
+        out.append([int(t) for t in ids[start:start + n]])
+        start += int(n)
+    return out
+
+
+def genie_stress(runner: DeviceRunner, device: GenieDevice, prompts: list[list[int]], rounds: int,
+                 concurrent: int, thresholds: Thresholds, out_dir: Path) -> StepReport:
+    """Return the Genie stress report: `concurrent` workers each running `rounds` dialogs over prompts of
+    increasing length, every query filling the context; errors, memory growth, token rate over time."""
+    if device.flags:  # genie-t2t-run is one process per prompt: stress the C API driver it shares the config with
+        device = GenieDevice(device.config, ())
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result = runner.run_tool(GENIE_RUNNER, ["stress", "--config", device.config, "--prompts",
+                                            _prompts_file(runner, prompts), "--rounds", str(rounds),
+                                            "--concurrent", str(concurrent), "--mode", STRESS_MODE],
+                             keep_dir=out_dir / "genie_stress", raise_on_error=False,
+                             timeout_s=max(runner.timeout_s, 600.0 * rounds * concurrent))
+    queries = result.get("queries") or []
+    rates = [q["tokens_per_s"] for q in queries if q.get("tokens_per_s")]
+    by_round = {}
+    for q in queries:
+        if q.get("tokens_per_s"):
+            by_round.setdefault(q["round"], []).append(q["tokens_per_s"])
+    first, last = (by_round[min(by_round)], by_round[max(by_round)]) if by_round else ([], [])
+    report = StepReport("genie_stress")
+    report.kpis = {
+        "rounds": rounds, "concurrent": concurrent, "mode": result.get("mode"), "queries": len(queries),
+        "dialogs": result.get("dialogs"), "errors": result.get("errors", 0 if queries else None),
+        "error_names": result.get("error_names") or {},
+        "prompt_tokens": [len(p) for p in prompts], "generated_tokens": sum(q.get("num_generated_tokens") or 0
+                                                                            for q in queries),
+        "rss_start_mb": result.get("rss_start_mb"), "rss_end_mb": result.get("rss_end_mb"),
+        "rss_growth_mb": result.get("rss_growth_mb"), "rss_peak_mb": result.get("rss_peak_mb"),
+        "tokens_per_s_mean": float(np.mean(rates)) if rates else None,
+        "tokens_per_s_min": min(rates) if rates else None,
+        "last_round_vs_first_tokens_per_s": float(np.mean(last) / np.mean(first)) if first else None,
+        "source": latency_source("htp", result.get("machine")),
+    }
+    if result.get("error") and not queries:
+        report.failures.append(f"the stress run failed: {result['error']}")
+    report.limits = [Limit("errors", maximum=0, marginal=0.0),
+                     Limit("rss_growth_mb", maximum=thresholds.max_stress_memory_growth_mb)]
+    report.tables["stress_queries"] = [
+        {k: q.get(k) for k in ("worker", "round", "prompt_index", "prompt_tokens", "num_generated_tokens",
+                               "start_s", "end_s", "time_to_first_token_ms", "tokens_per_s", "status_name",
+                               "error_name")} for q in queries]
+    if result.get("token_rate_series"):
+        report.artifacts["token_rate_chart"] = charts.token_rate_chart(
+            result["token_rate_series"], result.get("rss_series") or [],
+            f"Genie stress: {concurrent} worker(s) x {rounds} dialog(s), token rate and memory "
+            f"({report.kpis['source']})", out_dir / "genie_stress_token_rate.png")
+    return report
