@@ -55,7 +55,7 @@ def attach_report(report: StepReport) -> None:
 
 
 _ATTACHABLE = {".png": allure.attachment_type.PNG, ".csv": allure.attachment_type.CSV,
-               ".json": allure.attachment_type.JSON}
+               ".json": allure.attachment_type.JSON, ".html": allure.attachment_type.HTML}
 
 
 def attach_artifacts(report: StepReport) -> None:

@@ -42,6 +42,20 @@ HEADLINES: dict[str, Callable[[dict], str]] = {
     "concurrency": lambda k: f"{k.get('sessions', '?')} sessions, degradation x{_num(k.get('latency_degradation'), '.2f')}, "
                              f"errors {k.get('errors', '-')}",
     "regression": lambda k: f"regressed: {', '.join(k.get('regressed') or []) or 'none'}",
+    "aimet": lambda k: f"met KPI {k.get('met_threshold')}",
+    "llm_conversion": lambda k: f"prefill {k.get('prefill_nodes_after', '?')} / decode {k.get('decode_nodes_after', '?')} "
+                                f"nodes, AR-{k.get('prefill_ar', '?')} CL-{k.get('context_length', '?')}",
+    "llm_feasibility": lambda k: f"HTP share {_num(k.get('prefill_htp_fraction'), '.0%')} / "
+                                 f"{_num(k.get('decode_htp_fraction'), '.0%')}, KV cache "
+                                 f"{_num((k.get('kv_cache_bytes') or 0) / 2**20, '.2f')} MiB",
+    "llm_accuracy": lambda k: f"{k.get('recipe', '?')} perplexity HTP {_num(k.get('perplexity_htp'), '.2f')} vs float "
+                              f"{_num(k.get('perplexity_float_host'), '.2f')}, greedy {_num(k.get('greedy_agreement'), '.0%')}",
+    "llm_context_binary": lambda k: f"{_num((k.get('context_bytes') or 0) / 2**20, '.2f')} MiB",
+    "genie_runtime": lambda k: f"{_num(k.get('tokens_per_s'), '.1f')} tokens/s, first token "
+                               f"{_num(k.get('time_to_first_token_ms_min'), '.0f')}-{_num(k.get('time_to_first_token_ms_max'), '.0f')}"
+                               f" ms ({k.get('source', '?')})",
+    "genie_stress": lambda k: f"{k.get('queries', '?')} queries, errors {k.get('errors', '-')}, RSS "
+                              f"+{_num(k.get('rss_growth_mb'), '.0f')} MB",
 }
 
 

@@ -40,6 +40,8 @@ class ValidationOptions:
     energy_inferences: int | None = None
     concurrency_duration_s: float | None = None
     concurrency_mode: str = "threads"
+    genie_stress_rounds: int = 2  # LLM path: dialogs in sequence per worker
+    genie_stress_concurrent: int = 2  # LLM path: workers (processes) at once
 
     def __post_init__(self) -> None:
         if self.soak_duration_s is not None and self.soak_duration_s < WINDOW_S:

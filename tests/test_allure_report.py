@@ -36,7 +36,7 @@ def _cli_or_skip():
 def _suite_run(pytester, cache_dir, model, results):
     run = pytester.runpytest_subprocess(str(SUITES), "--model", str(model), "--cache-dir", str(cache_dir),
                                         "--alluredir", str(results), "-p", "no:cacheprovider",
-                                        "-k", "feasibility or conversion or ptq")
+                                        "-k", "(feasibility or conversion or ptq) and not llm")
     run.assert_outcomes(passed=3)
 
 

@@ -15,7 +15,7 @@ import yaml
 
 from servers import ADB, adb_server, emulated_phone
 
-STEPS = "-k", "feasibility or conversion or ptq or context_binary or profile or regression"
+STEPS = "-k", "(feasibility or conversion or ptq or context_binary or profile or regression) and not llm"
 SMALL = ["--sweep", "off", "--skip-validation", "--min-iterations", "60", "--min-duration", "1", "-p", "no:cacheprovider"]
 
 
@@ -70,7 +70,7 @@ def test_farm_baseline_regression_quarantine_and_signoff(pytester, session_cache
 
     third = pytester.runpytest_subprocess(
         *common, "--devices-file", str(_devices(tmp_path / "d3.yaml", [*emus, phone_entry])), "--device", "phone",
-        "-k", "feasibility")
+        "-k", "feasibility and not llm")
     third.assert_outcomes(skipped=1)
     third.stdout.fnmatch_lines(["*device phone is quarantined: connecting failed*"])
 

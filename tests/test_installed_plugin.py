@@ -38,9 +38,10 @@ def test_the_installed_plugin_runs_the_packaged_suites_from_any_directory(instal
                               "--co", "-q", "-p", "no:cacheprovider"], cwd=tmp_path, capture_output=True, text=True,
                              env=env, timeout=300)
     assert collect.returncode == 0, collect.stdout + collect.stderr
-    assert "15 tests collected" in collect.stdout and "test_sustained[sm8650-emu-digits_cnn]" in collect.stdout
+    suites = len(list((Path(__file__).resolve().parent.parent / "harness" / "suites").glob("test_*.py")))
+    assert f"{suites} tests collected" in collect.stdout and "test_sustained[sm8650-emu-digits_cnn]" in collect.stdout
     run = subprocess.run([str(installed), "-m", "pytest", "--pyargs", "harness.suites", "--device", "sm8650",
-                          "-k", "feasibility", "-p", "no:cacheprovider"], cwd=tmp_path, capture_output=True,
+                          "-k", "feasibility and not llm", "-p", "no:cacheprovider"], cwd=tmp_path, capture_output=True,
                          text=True, env=env, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     assert "1 passed" in run.stdout and "device sm8650-emu (sm8650, emulator): healthy" in run.stdout

@@ -11,7 +11,7 @@ from model_builders import conv_classifier, shared_dim_param, with_unsupported_o
 
 SUITES = Path(__file__).resolve().parent.parent / "suites"
 SPINE_STEPS = ("feasibility", "conversion", "float_baseline", "ptq")
-SPINE = ("-k", " or ".join(SPINE_STEPS))  # the spine's steps only, to keep these runs short
+SPINE = ("-k", f"({' or '.join(SPINE_STEPS)}) and not llm")  # the spine's steps only, to keep these runs short
 ALL_STEPS = len(list(SUITES.glob("test_*.py")))
 
 
@@ -37,12 +37,18 @@ SHORT_VALIDATION = ["--soak-duration", "12", "--cooldown-max-s", "20", "--energy
 def test_default_run_onboards_the_zoo_model_and_writes_kpis(run_suites, pytester):
     alluredir = pytester.path / "allure"
     result, records = run_suites("--device", "sm8650", "--alluredir", str(alluredir), *SHORT_VALIDATION)
-    result.assert_outcomes(passed=ALL_STEPS - 1, skipped=1)  # regression: no --baseline
+    # skipped: regression (no --baseline), aimet (PTQ met the KPI), the LLM path's suites (not a kind-llm model)
+    llm_steps = len(list(SUITES.glob("test_*_llm_*.py")) + list(SUITES.glob("test_*_genie_*.py")))
+    result.assert_outcomes(passed=ALL_STEPS - 2 - llm_steps, skipped=2 + llm_steps)
     steps = by_step(records)
     assert list(steps)[:4] == list(SPINE_STEPS) and len(steps) == ALL_STEPS
+    skipped = {"regression", "aimet"} | {s for s in steps if s.startswith(("llm_", "genie_"))}
+    assert len(skipped) == 2 + llm_steps
     assert all((r["device"], r["soc"], r["model"], r["outcome"]) == ("sm8650-emu", "sm8650", "digits_cnn", "passed")
-               for r in records if r["step"] != "regression")
+               for r in records if r["step"] not in skipped)
     assert steps["regression"]["outcome"] == "skipped" and "--baseline" in steps["regression"]["message"]
+    assert steps["aimet"]["outcome"] == "skipped" and "met the KPI" in steps["aimet"]["message"]
+    assert all(steps[s]["outcome"] == "skipped" and "kind onnx" in steps[s]["message"] for s in skipped - {"regression", "aimet"})
     feas, ptq = steps["feasibility"]["kpis"], steps["ptq"]["kpis"]
     assert feas["nodes_total"] == feas["nodes_on_htp_float"] == 8 and feas["unsupported_ops"] == []
     # the shipped 8-bit form: the quantizer folds activations into encodings, so those nodes are 'eliminated'
@@ -167,7 +173,7 @@ def test_xdist_keeps_each_target_on_one_worker(run_suites, pytester):
 def test_htp_without_fp16_checks_placement_on_a_quantized_form(run_suites, pytester):
     """HTP v68 (QCS6490) has no FP16: the float graph is placed as its 8-bit QDQ form."""
     model = conv_classifier(pytester.path / "clf.onnx")
-    result, records = run_suites("--device", "qcs6490", "--model", str(model), "-k", "feasibility or ptq")
+    result, records = run_suites("--device", "qcs6490", "--model", str(model), "-k", "(feasibility or ptq) and not llm")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["*HTP (v68) has no FP16: op placement was checked on an 8-bit QDQ form*"])
     feas = by_step(records)["feasibility"]["kpis"]
@@ -231,7 +237,7 @@ def test_two_real_exports_convert_with_their_own_shapes(run_suites):
 
     pnet, rnet = real_model_path("mtcnn_pnet"), real_model_path("mtcnn_rnet")
     result, records = run_suites("--model", str(pnet), "--model", str(rnet), "--input-shape", "input_1=1,12,12,3",
-                                 "--input-shape", "input_2=1,24,24,3", "-k", "conversion")
+                                 "--input-shape", "input_2=1,24,24,3", "-k", "conversion and not llm")
     result.assert_outcomes(passed=2, deselected=2 * (ALL_STEPS - 1))
     assert {r["model"]: r["kpis"]["input_shapes"] for r in records} == {
         pnet.stem: {"input_1": [1, 12, 12, 3]}, rnet.stem: {"input_2": [1, 24, 24, 3]}}

@@ -21,7 +21,7 @@ from harness.steps.regression import compare, regression
 from model_builders import conv_classifier
 
 SUITES = Path(__file__).resolve().parent.parent / "suites"
-STEPS = ("-k", "ptq or context_binary or profile or regression")  # PTQ's prerequisites run as fixtures
+STEPS = ("-k", "(ptq or context_binary or profile or regression) and not llm")  # PTQ's prerequisites run as fixtures
 
 # ----------------------------------------------------------------------------------- the rules, pure
 

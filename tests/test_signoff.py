@@ -24,7 +24,7 @@ from model_builders import conv_classifier
 
 REPO = Path(__file__).resolve().parent.parent
 SUITES = REPO / "suites"
-SPINE3 = "feasibility or conversion or ptq"
+SPINE3 = "(feasibility or conversion or ptq) and not llm"
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--no-first-run", "--virtual-time-budget=5000"]
 

@@ -109,6 +109,8 @@ def genie_runtime(runner: DeviceRunner, device: GenieDevice, prompts: list[Token
         {"prompt": p.text, "genie_text": tokenizer.decode(r["generated_ids"]), "float_text": tokenizer.decode(f),
          "exact_tokens": m, "agreeing_tokens": a, "of": len(f)}
         for p, r, f, m, a in zip(prompts, rows, float_tokens, exact, agreeing)]
+    report.kpis["generations"] = [{k: row[k] for k in ("prompt", "genie_text", "float_text", "agreeing_tokens")}
+                                  for row in report.tables["genie_generations"]]
     if min(exact) < min(agreeing):
         report.notes.append(f"Genie left the float model's greedy path at a near-tie on some prompt (top two float "
                             f"logits within {thresholds.greedy_tie_margin:g}): genie_exact_tokens has the exact counts")

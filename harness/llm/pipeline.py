@@ -24,11 +24,10 @@ if TYPE_CHECKING:
     from harness.cache import ArtifactCache
     from harness.pipeline import Target
     from harness.runner.client import DeviceRunner
+    from harness.validation import ValidationOptions
 
 EVAL_WINDOWS = 48  # held-out windows of AR tokens scored for perplexity (~1,500 tokens for tiny_gpt)
 CALIBRATION_SEQUENCES = 8
-GENIE_STRESS_ROUNDS = 2
-GENIE_STRESS_CONCURRENT = 2
 
 
 class LlmOnboarding:
@@ -37,6 +36,7 @@ class LlmOnboarding:
     target: "Target"
     runner: "DeviceRunner"
     cache: "ArtifactCache"
+    validation: "ValidationOptions"
     _memo: dict
 
     def _require_llm(self) -> None:
@@ -208,10 +208,9 @@ class LlmOnboarding:
         bundle, files, pair = self.llm_genie_bundle(), self.llm_files(), self.llm_pair()
         device = push_bundle(self.runner, bundle, bundle.name)
         ids = text.token_ids(self.llm_tokenizer(), text.read_text(files.eval_text, "eval"))
-        options = getattr(self, "validation", None)
-        rounds = getattr(options, "genie_stress_rounds", GENIE_STRESS_ROUNDS)
-        concurrent = getattr(options, "genie_stress_concurrent", GENIE_STRESS_CONCURRENT)
-        return genie_stress(self.runner, device, stress_prompts(ids, pair.context_length), rounds, concurrent,
+        options = self.validation
+        return genie_stress(self.runner, device, stress_prompts(ids, pair.context_length),
+                            options.genie_stress_rounds, options.genie_stress_concurrent,
                             self.target.model.thresholds, self._run_dir("genie_stress"))
 
     def llm_prompts(self) -> list[text.TokenizedPrompt]:

@@ -20,7 +20,7 @@ from harness.errors import HarnessError
 
 # Fixtures and options of the later onboarding steps live in sibling modules, one per area.
 pytest_plugins: list[str] = ["harness.plugin.performance", "harness.plugin.accuracy", "harness.plugin.devices",
-                             "harness.plugin.validation", "harness.plugin.regression"]
+                             "harness.plugin.validation", "harness.plugin.regression", "harness.plugin.llm"]
 
 T = TypeVar("T")
 SESSION_KEY = pytest.StashKey["HarnessSession"]()

@@ -31,6 +31,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="concurrency step: sessions as threads of one runner process (default) or one process each")
     group.addoption("--energy-inferences", type=_count, default=None, metavar="N",
                     help="energy step: inferences to measure (default: about 8 s of them emulated, 30 s on devices)")
+    group.addoption("--genie-stress-rounds", type=_sessions, default=2, metavar="N",
+                    help="genie_stress step (kind llm): dialogs in sequence per worker (default 2)")
+    group.addoption("--genie-stress-concurrent", type=_sessions, default=2, metavar="N",
+                    help="genie_stress step (kind llm): dialogs at once, one process each (default 2)")
     group.addoption("--skip-validation", action="store_true",
                     help='leave out Step 7, validation (the same as -m "not validation")')
 
@@ -43,7 +47,8 @@ def pytest_configure(config: pytest.Config) -> None:
     opt = config.option
     try:
         options = ValidationOptions(opt.soak_duration, opt.cooldown_max_s, opt.concurrency, opt.energy_inferences,
-                                    opt.concurrency_duration, opt.concurrency_mode)
+                                    opt.concurrency_duration, opt.concurrency_mode, opt.genie_stress_rounds,
+                                    opt.genie_stress_concurrent)
     except HarnessError as e:
         raise pytest.UsageError(str(e)) from None
     config.stash[SESSION_KEY].validation = options

@@ -38,6 +38,13 @@ MAIN_KPIS: dict[str, tuple[str, ...]] = {
     "energy": ("energy_per_inference_mj", "inferences_per_joule", "mean_power_w", "idle_power_w", "inferences",
                "sampling_interval_s", "power_source"),
     "concurrency": ("sessions", "mode", "aggregate_throughput_ips", "latency_degradation", "errors"),
+    "llm_accuracy": ("recipe", "perplexity_float_host", "perplexity_qdq_host", "perplexity_htp", "perplexity_increase",
+                     "greedy_agreement", "greedy_exact_agreement", "source"),
+    "genie_runtime": ("driver", "context_length", "init_time_ms", "time_to_first_token_ms_min",
+                      "time_to_first_token_ms_max", "prompt_tokens_per_s", "tokens_per_s", "genie_prefix_tokens_min",
+                      "source"),
+    "genie_stress": ("queries", "errors", "rss_growth_mb", "tokens_per_s_mean", "last_round_vs_first_tokens_per_s",
+                     "source"),
 }
 _SKIP = {"telemetry", "verdicts"}
 MAX_GENERIC_KPIS = 12
