@@ -1,0 +1,137 @@
+"""The LLM path end to end: tiny_gpt through the LLM suites on the HTP simulator and Genie, a user's own pair
+from a kind-llm model spec, and the errors a bad pair, tokenizer, prompt or spec gives."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness.plugin.llm import LLM_STEPS
+
+SUITES = Path(__file__).resolve().parent.parent / "suites"
+SHORT_STRESS = ("--genie-stress-rounds", "2", "--genie-stress-concurrent", "2")
+
+
+@pytest.fixture
+def run_suites(pytester: pytest.Pytester, session_cache_dir: Path):
+    """Run the suites in a subprocess with the session's cache; return (result, {step: record})."""
+    def _run(*args: str):
+        kpi = pytester.path / "kpi.json"
+        result = pytester.runpytest_subprocess(str(SUITES), "--device", "sm8650", "--cache-dir", str(session_cache_dir),
+                                               "--kpi-json", str(kpi), "-p", "no:cacheprovider", "-rA", *args)
+        records = json.loads(kpi.read_text())["records"] if kpi.exists() else []
+        return result, {r["step"]: r for r in records}
+    return _run
+
+
+@pytest.mark.slow
+def test_tiny_gpt_through_the_llm_suites_on_the_htp_simulator_and_genie(run_suites, pytester):
+    alluredir = pytester.path / "allure"
+    result, steps = run_suites("--model", "tiny_gpt", "--alluredir", str(alluredir), *SHORT_STRESS)
+    single_graph = len(list(SUITES.glob("test_*.py"))) - len(LLM_STEPS)
+    result.assert_outcomes(passed=len(LLM_STEPS), skipped=single_graph)
+    assert all(steps[s]["outcome"] == "passed" for s in LLM_STEPS)
+    assert "language model (kind llm)" in steps["ptq"]["message"]
+    feas = steps["llm_feasibility"]["kpis"]
+    assert feas["prefill_htp_fraction"] == feas["decode_htp_fraction"] == 1.0
+    assert feas["prefill_boundary_qdq_on_cpu"] > 0  # the graph's boundary Q/DQ, on the CPU only with fallback allowed
+    assert feas["kv_cache_bytes"] == 2 * 4 * 4 * 32 * 128 * 2  # keys and values, 4 layers, uint16
+    acc = steps["llm_accuracy"]["kpis"]
+    # perplexity of the held-out topics (unigram baseline ~383), float on the host and w8a16 on the HTP
+    assert 30 < acc["perplexity_float_host"] < 100 and acc["source"] == "simulator"
+    assert acc["perplexity_htp"] <= acc["perplexity_float_host"] * 1.10
+    assert abs(acc["perplexity_htp"] - acc["perplexity_qdq_host"]) <= 0.05 * acc["perplexity_qdq_host"]
+    assert acc["greedy_agreement"] >= 0.75 and acc["sweep"].keys() == {"w8a16", "w8a8", "w4a16"}
+    assert acc["sweep"]["w8a8"]["perplexity_htp"] > acc["sweep"]["w8a16"]["perplexity_htp"]  # 8-bit activations cost
+    genie = steps["genie_runtime"]["kpis"]
+    assert genie["driver"] == "libGenie (ctypes)" and genie["source"] == "simulator"
+    assert genie["genie_prefix_tokens_min"] >= 4 and genie["context_length"] == 128
+    assert genie["tokens_per_s"] > 0 and 0 < genie["time_to_first_token_ms_min"] <= genie["time_to_first_token_ms_max"]
+    assert genie["init_time_ms"] > 0 and genie["prompt_tokens_per_s"] > 0
+    assert len(genie["generations"]) == 8 and all(g["genie_text"] for g in genie["generations"])
+    stress = steps["genie_stress"]["kpis"]
+    assert stress["errors"] == 0 and stress["queries"] == 2 * 2 * 3 and stress["rss_growth_mb"] is not None
+    attached = {a["name"] for p in alluredir.glob("*-result.json")
+                for step in json.loads(p.read_text()).get("steps", []) for a in step.get("attachments", [])}
+    assert {"genie_runtime genie_performance", "genie_runtime genie_generations", "llm_accuracy generations",
+            "genie_stress token_rate_chart"} <= attached
+
+
+# --------------------------------------------------------------------------- a user's own pair
+
+
+@pytest.fixture(scope="module")
+def user_pair(tmp_path_factory) -> Path:
+    """A small random-weights pair in Genie's convention with the tiny_gpt tokenizer, texts and a spec."""
+    from harness.llm.export import export_pair
+    from harness.llm.gpt import GptConfig, random_weights
+    from harness.zoo import tiny_gpt
+
+    folder = tmp_path_factory.mktemp("user-llm")
+    export_pair(random_weights(GptConfig(vocab=1024, context=32, prefill_ar=8, layers=1, heads=2, hidden=32, mlp=64)),
+                folder)
+    (folder / "tokenizer.json").write_text(tiny_gpt.train_tokenizer().to_str())
+    train, heldout = tiny_gpt.text_splits()
+    (folder / "calib.txt").write_text(train[:20000])
+    (folder / "eval.txt").write_text(heldout[:6000])
+    return folder
+
+
+def _spec(folder: Path, name: str, **llm) -> Path:
+    section = {"prefill": "prefill.onnx", "decode": "decode.onnx", "tokenizer": "tokenizer.json",
+               "eval_text": "eval.txt", "calib_text": "calib.txt", "prompts": ["The assert statement"],
+               "max_new_tokens": 4, "stop_token": "<|endoftext|>", **llm}
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"name": name, "kind": "llm", "llm": section}))
+    return path
+
+
+def test_a_user_pair_from_a_kind_llm_spec_converts_places_and_compiles(run_suites, user_pair):
+    result, steps = run_suites("--model", str(_spec(user_pair, "user_gpt")), "-k",
+                               "llm_conversion or llm_feasibility or llm_context_binary")
+    result.assert_outcomes(passed=3)
+    assert steps["llm_conversion"]["kpis"]["prefill_ar"] == 8 and steps["llm_conversion"]["kpis"]["context_length"] == 32
+    assert steps["llm_feasibility"]["kpis"]["decode_htp_fraction"] == 1.0
+    assert steps["llm_context_binary"]["kpis"]["decode_context_bytes"] > 0
+
+
+def test_a_pair_out_of_genie_convention_names_the_tensor_and_layout(run_suites, user_pair):
+    result, steps = run_suites("--model", str(_spec(user_pair, "swapped", decode="prefill.onnx")), "-k", "llm_conversion")
+    result.assert_outcomes(failed=1)
+    message = steps["llm_conversion"]["message"]
+    assert "decode" in message and "1" in message and "Traceback" not in result.stdout.str()
+
+
+def test_a_tokenizer_that_does_not_load_and_a_prompt_too_long_are_named(run_suites, user_pair, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(user_pair, broken)
+    (broken / "tokenizer.json").write_text('{"model": ')
+    result, steps = run_suites("--model", str(_spec(broken, "broken_tok")), "-k", "llm_accuracy")
+    assert "tokenizer" in steps["llm_accuracy"]["message"] and "does not load" in steps["llm_accuracy"]["message"]
+    long_prompt = "x " * 40
+    result, steps = run_suites("--model", str(_spec(user_pair, "long_prompt", prompts=[long_prompt])), "-k", "llm_accuracy")
+    message = steps["llm_accuracy"]["message"]
+    assert "prompt 0" in message and "exceeds the context length 32" in message
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"llm": None}, "a model of kind llm is described by its `llm:` section"),
+    ({"kind": "rnn"}, "kind 'rnn' is not one of onnx, llm"),
+    ({"path": "prefill.onnx"}, "`path`, `input_shapes`, `freeze_inputs` and `rewrites` apply to kind onnx only"),
+])
+def test_bad_kind_llm_specs_are_usage_errors_naming_the_file(pytester, user_pair, change, expected):
+    spec = _spec(user_pair, "bad")
+    data = {**yaml.safe_load(spec.read_text()), **change}
+    spec.write_text(yaml.safe_dump({k: v for k, v in data.items() if v is not None}))
+    result = pytester.runpytest_subprocess(str(SUITES), "--model", str(spec), "--co", "-p", "no:cacheprovider")
+    assert result.ret == 4 and expected in result.stderr.str() and str(spec) in result.stderr.str()
+
+
+def test_a_missing_llm_file_is_named(pytester, user_pair):
+    spec = _spec(user_pair, "missing", tokenizer="nope.json")
+    result = pytester.runpytest_subprocess(str(SUITES), "--model", str(spec), "--co", "-p", "no:cacheprovider")
+    assert result.ret == 4 and "llm.tokenizer 'nope.json' does not exist" in result.stderr.str()
