@@ -24,14 +24,13 @@ fuses it into one Gelu, which the HTP runs (a lone Erf it refuses).
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from harness.files import write_atomically
 from harness.llm import convention as cv
 from harness.llm.gpt import LN_EPS, GptWeights
 
@@ -166,27 +165,10 @@ def build_graph(weights: GptWeights, ar: int) -> onnx.ModelProto:
     return model
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
-    """Write data to path through a temporary file in the same folder and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            os.fchmod(fh.fileno(), 0o644)
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def export_graph(weights: GptWeights, ar: int, path: Path) -> Path:
     """Write the AR-token graph to path (deterministic bytes, atomically); return path."""
     path = Path(path)
-    _write_atomically(path, build_graph(weights, ar).SerializeToString(deterministic=True))
+    write_atomically(path, build_graph(weights, ar).SerializeToString(deterministic=True))
     return path
 
 

@@ -15,14 +15,12 @@ bundle folder is pushed to a device as a whole and run with cwd = the folder.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from harness.errors import ConfigError
+from harness.files import copy_atomically, write_atomically
 
 __all__ = ["CONFIG_FILE", "EXTENSIONS_FILE", "NO_BOS", "TOKENIZER_FILE", "genie_config", "htp_backend_ext_config",
            "tokenizer_vocab_size", "write_bundle"]
@@ -117,34 +115,6 @@ def tokenizer_vocab_size(tokenizer: Path) -> int:
     return max(ids) + 1
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            os.fchmod(fh.fileno(), 0o644)
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def _atomic_copy(src: Path, dst: Path) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
-    os.close(fd)
-    try:
-        shutil.copyfile(src, tmp)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, dst)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def bundle_names(context_binaries: Sequence[Path]) -> list[str]:
     """Return the bundle's names of the binaries: their own when distinct, else part_<i>_of_<n>.bin."""
     names = [Path(p).name for p in context_binaries]
@@ -179,9 +149,9 @@ def write_bundle(out_dir: Path, context_binaries: Sequence[Path], tokenizer: Pat
     extensions = htp_backend_ext_config(soc_model, dsp_arch, perf_profile=perf_profile)
     out_dir.mkdir(parents=True, exist_ok=True)
     for src, name in zip(binaries, names):
-        _atomic_copy(src, out_dir / name)
-    _atomic_copy(Path(tokenizer), out_dir / TOKENIZER_FILE)
-    _atomic_write(out_dir / EXTENSIONS_FILE, (json.dumps(extensions, indent=2) + "\n").encode())
+        copy_atomically(src, out_dir / name)
+    copy_atomically(Path(tokenizer), out_dir / TOKENIZER_FILE)
+    write_atomically(out_dir / EXTENSIONS_FILE, (json.dumps(extensions, indent=2) + "\n").encode())
     path = out_dir / CONFIG_FILE
-    _atomic_write(path, (json.dumps(config, indent=2) + "\n").encode())
+    write_atomically(path, (json.dumps(config, indent=2) + "\n").encode())
     return path

@@ -32,8 +32,6 @@ seed and epoch count therefore produce a byte-identical model.
 from __future__ import annotations
 
 import contextlib
-import os
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -42,6 +40,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+from harness.files import write_atomically
 
 __all__ = [
     "DEFAULT_EPOCHS",
@@ -448,24 +448,8 @@ def export_onnx(
     helper.set_model_props(model, metadata)
     model = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
     onnx.checker.check_model(model, full_check=True)
-    _write_atomically(Path(out_path), model.SerializeToString())
+    write_atomically(Path(out_path), model.SerializeToString())
     return model
-
-
-def _write_atomically(out_path: Path, data: bytes) -> None:
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{out_path.name}.", suffix=".tmp", dir=out_path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            os.fchmod(fh.fileno(), 0o644)  # mkstemp creates 0600; models are shared artefacts
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp_name, out_path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp_name)
-        raise
 
 
 def weights_from_onnx(model: onnx.ModelProto | Path | str) -> CnnWeights:

@@ -45,7 +45,8 @@ from scipy.special import erf
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from harness.llm.gpt import LN_EPS, GptConfig, GptWeights, LayerWeights, forward, random_weights
-from harness.zoo.digits_cnn import _single_blas_thread, _write_atomically
+from harness.files import write_atomically, write_text_atomically
+from harness.zoo.digits_cnn import _single_blas_thread
 
 __all__ = [
     "BATCH_SIZE",
@@ -528,7 +529,7 @@ def save_weights(weights: GptWeights, path: Path) -> None:
     """Write weights (and their config, as JSON under "config") to ``path`` as .npz, atomically, byte-reproducibly."""
     arrays = {"config": np.array(json.dumps(asdict(weights.config), sort_keys=True))}
     arrays.update(_to_params(weights))
-    _write_atomically(Path(path), _npz_bytes(arrays))
+    write_atomically(Path(path), _npz_bytes(arrays))
 
 
 def load_weights(path: Path) -> GptWeights:
@@ -570,10 +571,6 @@ class TinyGptSummary:
         return data
 
 
-def _write_text(path: Path, text: str) -> None:
-    _write_atomically(path, text.encode("utf-8"))
-
-
 def build_bundle(out_dir: Path, seed: int = 0, steps: int = DEFAULT_STEPS) -> TinyGptSummary:
     """Train tiny_gpt and write tokenizer.json, weights.npz, heldout.txt, prompts.json, then summary.json.
 
@@ -598,9 +595,9 @@ def build_bundle(out_dir: Path, seed: int = 0, steps: int = DEFAULT_STEPS) -> Ti
         text_sha256=hashlib.sha256((train_text + heldout_text).encode("utf-8")).hexdigest(),
         split_rule=SPLIT_RULE, train_topics=len(train_names), heldout_topics=len(heldout_names))
     out_dir.mkdir(parents=True, exist_ok=True)
-    _write_text(out_dir / "tokenizer.json", tokenizer.to_str(pretty=True))
+    write_text_atomically(out_dir / "tokenizer.json", tokenizer.to_str(pretty=True))
     save_weights(weights, out_dir / "weights.npz")
-    _write_text(out_dir / "heldout.txt", heldout_text)
-    _write_text(out_dir / "prompts.json", json.dumps(prompts(tokenizer), indent=2, ensure_ascii=False) + "\n")
-    _write_text(out_dir / "summary.json", json.dumps(summary.as_json(), indent=2, sort_keys=True) + "\n")
+    write_text_atomically(out_dir / "heldout.txt", heldout_text)
+    write_text_atomically(out_dir / "prompts.json", json.dumps(prompts(tokenizer), indent=2, ensure_ascii=False) + "\n")
+    write_text_atomically(out_dir / "summary.json", json.dumps(summary.as_json(), indent=2, sort_keys=True) + "\n")
     return summary
