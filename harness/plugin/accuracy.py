@@ -25,7 +25,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--sweep", default="quick", choices=SWEEP_MODES,
                     help="quantization sweep: off, quick (4 candidates, default) or full (the whole matrix)")
     group.addoption("--quantization-overrides", default=None, metavar="FILE",
-                    help="QAIRT/AIMET encodings JSON (activation_encodings, param_encodings) to quantize with")
+                    help="an encodings file as AIMET or QAIRT writes it (formats 0.6.1, 1.0.0, 2.x) to quantize with")
     group.addoption("--aimet", default="auto", choices=AIMET_MODES,
                     help="AIMET recovery step (CLE, AdaRound, AMP): auto (default: when the aimet extra is installed "
                          "and PTQ and mixed precision missed the KPI), on (whenever installed) or off")
