@@ -332,7 +332,9 @@ class Onboarding(LlmOnboarding):
         """Step 7 report: the deployable context binary on the device over the whole evaluation set."""
         data = self.full_dataset()
         reference = host_reference(self.converted_model(), data.evaluation, self.cache)
-        deployed = "ptq" if self.deployable_model() == self.qdq_model() else "mixed_precision"
+        shipped = self.deployable_model()
+        deployed = ("ptq" if shipped == self.qdq_model() else
+                    "aimet" if shipped == self._aimet_model() else "mixed_precision")
         return validation_accuracy.validation_accuracy(self.context_artifact(), data, reference, self.runner,
                                                        self.thresholds, deployed)
 

@@ -114,7 +114,7 @@ def test_candidates_that_cannot_be_quantized_are_recorded_not_raised(demo, cache
                                   demo.thresholds, cache, bad, "quick")
     assert not report.passed and report.kpis["best"] is None
     assert all("'missing'" in c.error for c in candidates)
-    assert "error: bad.json: 1 tensor(s) not in the model" in report.failures[0]
+    assert "error: bad.json: 1 of 1 tensor(s) not in the model" in report.failures[0]
 
 
 # ------------------------------------------------------- a Concat joining a feature map with a channel near 1000

@@ -180,9 +180,9 @@ class LlmOnboarding:
 
         def build(out: Path) -> None:
             write_bundle(out, bins, files.tokenizer, context_length=pair.context_length, soc_model=soc.soc_model,
-                         dsp_arch=None, eot_id=-1 if stop is None else stop, kv_dim=pair.head_dim, n_vocab=pair.vocab)
+                         dsp_arch=f"v{soc.htp_arch}", eot_id=-1 if stop is None else stop, kv_dim=pair.head_dim, n_vocab=pair.vocab)
 
-        return self.cache.entry("genie-bundle", content_key("genie-v1", *bins, files.tokenizer, soc.id, stop), build).path
+        return self.cache.entry("genie-bundle", content_key("genie-v2", *bins, files.tokenizer, soc.id, stop), build).path
 
     @memoized
     def genie_runtime(self) -> StepReport:
