@@ -9,6 +9,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+import harness.files
 from harness.zoo import digits_cnn
 from harness.zoo.digits_cnn import (
     INPUT_NAME,
@@ -159,7 +160,7 @@ def test_export_is_atomic_on_failure(
     def boom(src: str, dst: str) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr(digits_cnn.os, "replace", boom)
+    monkeypatch.setattr(harness.files.os, "replace", boom)
     target = tmp_path / "sub" / "model.onnx"
     with pytest.raises(OSError, match="disk full"):
         digits_cnn.export_onnx(weights, target)

@@ -25,9 +25,6 @@ from harness.runner.client import DeviceRunner, latency_source
 from harness.steps.report import StepReport
 
 GENIE_RUNNER = Path(genie_runner.__file__)
-# Concurrent dialogs in separate processes: two dialogs of one process over the 4-layer tiny_gpt crashed libGenie
-# on the HTP simulator (SIGSEGV; threads worked on a 1-layer pair), and a phone app holds one dialog per process.
-STRESS_MODE = "processes"
 
 
 @dataclass(frozen=True)
@@ -138,7 +135,7 @@ def genie_stress(runner: DeviceRunner, device: GenieDevice, prompts: list[list[i
     out_dir.mkdir(parents=True, exist_ok=True)
     result = runner.run_tool(GENIE_RUNNER, ["stress", "--config", device.config, "--prompts",
                                             _prompts_file(runner, prompts), "--rounds", str(rounds),
-                                            "--concurrent", str(concurrent), "--mode", STRESS_MODE],
+                                            "--concurrent", str(concurrent)],  # workers as processes (the runner's default)
                              keep_dir=out_dir / "genie_stress", raise_on_error=False,
                              timeout_s=max(runner.timeout_s, 600.0 * rounds * concurrent))
     queries = result.get("queries") or []

@@ -31,8 +31,9 @@ stress   --config ... --prompts ... [--rounds R] [--concurrent K] [--max_new N] 
          token length with a reset before each and max_new = context - prompt tokens, or --max_new if
          smaller, so a query fills the context; free). Per query: worker, round, start/end on one clock,
          tokens, tokens/s, time to first token, the text (or ids), Genie status name. VmRSS sampled every
-         --rss_interval_s. Threads are safe: separate GenieDialog handles queried at once in one process gave
-         the same greedy output as one alone (libGenie 1.21 on the HTP simulator); processes isolate crashes.
+         --rss_interval_s. Processes by default: separate GenieDialog handles queried at once from threads of one
+         process gave the same greedy output as one alone, but crashed libGenie 1.21 on the HTP simulator now and
+         then (SIGSEGV, more often on a 4-layer model); processes isolate that, as a phone app holds one dialog.
          The workers meet after each round (every dialog freed) and the RSS is sampled there: rss_start_mb
          after the first round, rss_end_mb after the last, rss_growth_mb = end - start (a leak grows with the
          rounds; the first round's own growth, allocator arenas of the worker threads, is not counted).
@@ -837,7 +838,9 @@ def parse_args(argv):
     s.add_argument("--rounds", type=int, default=3, help="dialogs in sequence per worker")
     s.add_argument("--concurrent", type=int, default=1, help="workers at once, each with its own dialog")
     s.add_argument("--max_new", type=int, default=0, help="cap on generated tokens (default: fill the context)")
-    s.add_argument("--mode", choices=["threads", "processes"], default="threads")
+    s.add_argument("--mode", choices=["threads", "processes"], default="processes",
+                   help="concurrent dialogs as processes (default) or threads of one process: two dialogs of one "
+                        "process crash libGenie 1.21 on the HTP simulator now and then (SIGSEGV)")
     s.add_argument("--rss_interval_s", type=float, default=0.2)
     args = p.parse_args(argv)
     if args.max_new < (1 if args.command == "dialog" else 0):
