@@ -35,7 +35,7 @@ def test_tiny_gpt_through_the_llm_suites_on_the_htp_simulator_and_genie(run_suit
     single_graph = len(list(SUITES.glob("test_*.py"))) - len(LLM_STEPS)
     result.assert_outcomes(passed=len(LLM_STEPS), skipped=single_graph)
     assert all(steps[s]["outcome"] == "passed" for s in LLM_STEPS)
-    assert "language model (kind llm)" in steps["ptq"]["message"]
+    assert "is of kind llm: the LLM suites" in steps["ptq"]["message"]
     feas = steps["llm_feasibility"]["kpis"]
     assert feas["prefill_htp_fraction"] == feas["decode_htp_fraction"] == 1.0
     assert feas["prefill_boundary_qdq_on_cpu"] > 0  # the graph's boundary Q/DQ, on the CPU only with fallback allowed

@@ -23,11 +23,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         model = callspec.params["target"].model
         is_llm_suite = item.get_closest_marker(LLM_MARKER) is not None
         if model.is_llm and not is_llm_suite:
-            item.add_marker(pytest.mark.skip(reason=f"model '{model.name}' is a language model (kind llm): the "
-                                                    "LLM suites (test_16-test_21) onboard it, not the single-graph steps"))
+            item.add_marker(pytest.mark.skip(reason=f"model '{model.name}' is of kind llm: the LLM suites "
+                                                    "(test_16-21) onboard it"))
         elif is_llm_suite and not model.is_llm:
-            item.add_marker(pytest.mark.skip(reason=f"model '{model.name}' is of kind {model.kind}: the LLM suites "
-                                                    "onboard a prefill/decode pair of kind llm (e.g. --model tiny_gpt)"))
+            item.add_marker(pytest.mark.skip(reason=f"model '{model.name}' is of kind {model.kind}: LLM suites are "
+                                                    "for kind llm (--model tiny_gpt)"))
 
 
 @pytest.fixture(scope="session")
