@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from harness.files import write_atomically
 from harness.zoo import digits_cnn
 from harness.zoo.digits_cnn import INPUT_NAME, OUTPUT_NAME  # noqa: F401  (the zoo's input/output names)
 
@@ -49,5 +50,5 @@ def build_model(out_path: Path, seed: int = 0) -> digits_cnn.TrainingSummary:
     summary = digits_cnn.build_model(out_path, seed=seed)
     model = imbalance(onnx.load(str(out_path)))
     onnx.checker.check_model(model, full_check=True)
-    digits_cnn._write_atomically(out_path, model.SerializeToString())
+    write_atomically(out_path, model.SerializeToString())
     return summary
