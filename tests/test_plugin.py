@@ -31,7 +31,7 @@ def by_step(records):
     return {r["step"]: r for r in records}
 
 
-SHORT_VALIDATION = ["--soak-duration", "12", "--cooldown-max-s", "20", "--energy-inferences", "300"]
+SHORT_VALIDATION = ["--soak-duration", "12", "--cooldown-max-s", "20", "--energy-inferences", "1000"]
 
 
 def test_default_run_onboards_the_zoo_model_and_writes_kpis(run_suites, pytester):
@@ -70,7 +70,7 @@ def test_default_run_onboards_the_zoo_model_and_writes_kpis(run_suites, pytester
     assert soak["max_temp_zone"].startswith("nsph") and soak["thermal_status_max"] is not None
     assert 0 < soak["stability_pct"] <= 100 and soak["cooldown"]["reason"] in ("reached", "settled", "max_wait")
     energy, conc = steps["energy"]["kpis"], steps["concurrency"]["kpis"]
-    assert energy["power_source"] == "emulated" and energy["inferences"] == 300 and energy["energy_per_inference_mj"] > 0
+    assert energy["power_source"] == "emulated" and energy["inferences"] == 1000 and energy["energy_per_inference_mj"] > 0
     assert conc["sessions"] == 2 and conc["errors"] == 0 and conc["latency_degradation"] > 0
     assert ("sustained soak_chart", "image/png") in attached and ("sustained samples_csv", "text/csv") in attached
     assert ("energy power_chart", "image/png") in attached and ("concurrency latency_chart", "image/png") in attached
