@@ -115,7 +115,10 @@ def onboard(pytester: pytest.Pytester, session_cache_dir: Path):
         kpi = pytester.path / "kpi.json"
         devices = [arg for soc in socs for arg in ("--device", soc)]
         validation = SHORT_VALIDATION if name in VALIDATED else ("--skip-validation",)
+        # --aimet off: the corpus run is the same with or without the aimet extra (AIMET on real exports is
+        # tests/test_aimet_real_models.py's, -m aimet)
         result = pytester.runpytest_subprocess(str(SUITES), "--model", str(real_model_spec(name)), *devices, *validation,
+                                               "--aimet", "off",
                                                "--cache-dir", str(session_cache_dir), "--kpi-json", str(kpi),
                                                "-p", "no:cacheprovider", "-rA")
         records = json.loads(kpi.read_text())["records"] if kpi.exists() else []

@@ -35,7 +35,7 @@ import importlib.util
 import json
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -153,7 +153,12 @@ class _SimEvaluator:
         self.limits = accuracy_limits(thresholds)
 
     def kpis(self, session) -> dict[str, Any]:
-        names = [o.name for o in session.get_outputs()]
+        # by position: AIMET's sim renames a graph output it quantizes (PaddleOCR's fetch_name_0 becomes
+        # fetch_name_0_updated), and keeps the outputs in the model's order
+        names = list(self.reference[0])
+        if len(session.get_outputs()) != len(names):
+            raise StepError(f"AIMET's sim has {len(session.get_outputs())} outputs, the model {len(names)} "
+                            f"({', '.join(names)})")
         outputs = [dict(zip(names, session.run(None, feed))) for feed in self.dataset.evaluation]
         return compare_quantized(outputs, self.reference, self.dataset, self.float_metric)
 
@@ -242,45 +247,78 @@ def simulate(model: Path, dataset: Dataset, reference: list[Feed], thresholds: T
                                      "aimet_s": seconds, "export_s": time.perf_counter() - started, "bits": bits,
                                      "sim": {k: host[k] for k in ("task_metric", "cosine_similarity", "sqnr_db")}})
 
+    def attempt(name: str, technique: Callable[[], Any]) -> Any:
+        """Run one technique; when AIMET raises on this model, record it as failed and return None (the
+        techniques after it go on from the last one that worked)."""
+        started = time.perf_counter()
+        try:
+            return technique()
+        except Exception as e:  # AIMET's own failure on this graph, in its words
+            said = f"{type(e).__name__}: {str(e)[:300]}"
+            record["techniques"].append({"technique": name, "applied": False, "failed": said,
+                                         "detail": f"AIMET raised {said}", "aimet_s": time.perf_counter() - started,
+                                         "export_s": 0.0, "bits": {"label": ""},
+                                         "sim": {"task_metric": None, "cosine_similarity": None, "sqnr_db": None}})
+            return None
+
+    def sensitivity(sim, filename: str) -> dict[str, Any]:
+        started = time.perf_counter()
+        try:
+            per_layer = analyze_per_layer_sensitivity(sim, evaluator.sqnr, filename=str(out / filename))
+            return {"seconds": time.perf_counter() - started, "sqnr_db": per_layer}
+        except Exception as e:
+            return {"seconds": time.perf_counter() - started, "sqnr_db": {}, "error": f"{type(e).__name__}: {e}"}
+
     float_model = onnx.load(str(model))
     sim, seconds = new_sim(float_model)
     done("recipe", sim, seconds, True, f"QuantizationSimModel as {recipe.name}"
          + (f" ({len(promoted)} tensor(s) at 16 bits)" if promoted else ""))
-    started = time.perf_counter()
-    per_layer = analyze_per_layer_sensitivity(sim, evaluator.sqnr, filename=str(out / "per_layer_sensitivity_recipe.html"))
-    record["sensitivity_recipe"] = {"seconds": time.perf_counter() - started, "sqnr_db": per_layer}
+    record["sensitivity_recipe"] = sensitivity(sim, "per_layer_sensitivity_recipe.html")
 
-    started = time.perf_counter()
-    folded = copy.deepcopy(float_model)
-    pairs, _ = fold_all_batch_norms_to_weight(folded)
-    sim, seconds = new_sim(folded)
-    done("bn_fold", sim, time.perf_counter() - started, bool(pairs),
-         f"{len(pairs)} BatchNormalization folded" if pairs else "no BatchNormalization to fold")
+    def bn_fold():
+        started = time.perf_counter()
+        folded = copy.deepcopy(float_model)
+        pairs, _ = fold_all_batch_norms_to_weight(folded)
+        folded_sim, _ = new_sim(folded)
+        done("bn_fold", folded_sim, time.perf_counter() - started, bool(pairs),
+             f"{len(pairs)} BatchNormalization folded" if pairs else "no BatchNormalization to fold")
+        return folded, folded_sim
 
-    started = time.perf_counter()
-    equalized = copy.deepcopy(folded)
-    equalize_model(equalized)
-    changed = any(not np.array_equal(onnx.numpy_helper.to_array(a), onnx.numpy_helper.to_array(b))
-                  for a, b in zip(folded.graph.initializer, equalized.graph.initializer))
-    sim, seconds = new_sim(equalized)
-    done("cle", sim, time.perf_counter() - started, changed,
-         "weight ranges equalized across consecutive layers" if changed else "no layer pair to equalize")
+    folded, sim = attempt("bn_fold", bn_fold) or (float_model, sim)
 
-    started = time.perf_counter()
-    apply_adaround(sim, calibration, num_iterations=adaround_iterations)
-    done("adaround", sim, time.perf_counter() - started, True,
-         f"{adaround_iterations} iterations per layer on {len(calibration)} calibration samples")
+    def cle():
+        started = time.perf_counter()
+        equalized = copy.deepcopy(folded)
+        equalize_model(equalized)
+        changed = any(not np.array_equal(onnx.numpy_helper.to_array(a), onnx.numpy_helper.to_array(b))
+                      for a, b in zip(folded.graph.initializer, equalized.graph.initializer))
+        equalized_sim, _ = new_sim(equalized)
+        done("cle", equalized_sim, time.perf_counter() - started, changed,
+             "weight ranges equalized across consecutive layers" if changed else "no layer pair to equalize")
+        return equalized, equalized_sim
 
-    started = time.perf_counter()
-    per_layer = analyze_per_layer_sensitivity(sim, evaluator.sqnr, filename=str(out / "per_layer_sensitivity.html"))
-    record["sensitivity"] = {"seconds": time.perf_counter() - started, "sqnr_db": per_layer}
+    equalized, sim = attempt("cle", cle) or (folded, sim)
 
-    started = time.perf_counter()
-    precisions = [(qtypes[w], qtypes[a]) for w, a in amp_precisions(recipe)]
-    sensitivity = analyze_mixed_precision_sensitivity(sim, precisions, evaluator.sqnr, calibration)
-    apply_amp(sim, sensitivity, evaluator.meets)
-    done("amp", sim, time.perf_counter() - started, True,
-         f"AMP over {', '.join(record['amp_precisions'])} against the KPI (AIMET's host simulation)")
+    def adaround():
+        started = time.perf_counter()
+        apply_adaround(sim, calibration, num_iterations=adaround_iterations)
+        done("adaround", sim, time.perf_counter() - started, True,
+             f"{adaround_iterations} iterations per layer on {len(calibration)} calibration samples")
+        return sim
+
+    sim = attempt("adaround", adaround) or new_sim(equalized)[0]  # a failed AdaRound may leave the sim half-done
+    record["sensitivity"] = sensitivity(sim, "per_layer_sensitivity.html")
+
+    def amp():
+        started = time.perf_counter()
+        precisions = [(qtypes[w], qtypes[a]) for w, a in amp_precisions(recipe)]
+        mixed = analyze_mixed_precision_sensitivity(sim, precisions, evaluator.sqnr, calibration)
+        apply_amp(sim, mixed, evaluator.meets)
+        done("amp", sim, time.perf_counter() - started, True,
+             f"AMP over {', '.join(record['amp_precisions'])} against the KPI (AIMET's host simulation)")
+        return True
+
+    attempt("amp", amp)
     (out / "aimet.json").write_text(json.dumps(record, indent=1, default=float))
     return record
 
@@ -342,6 +380,12 @@ def aimet_recovery(model: Path, dataset: Dataset, reference: list[Feed], runner:
     candidates: list[tuple[dict[str, Any], Candidate]] = []
     for tech in record["techniques"]:
         name = tech["technique"]
+        if tech.get("failed"):
+            report.notes.append(f"aimet {name}: AIMET failed on this model ({tech['failed']}); the techniques after "
+                                "it went on from the last one that worked")
+            rows.append(_row(f"aimet {name}", {}, None, applied=False, detail=tech["detail"], bits="",
+                             aimet_s=tech["aimet_s"], error=tech["failed"]))
+            continue
         started = time.perf_counter()
         candidate = evaluate_recipe(technique_recipe(recipe, directory / name, name), directory / name / "model.onnx",
                                     dataset, reference, runner, thresholds, cache)
@@ -381,6 +425,7 @@ def aimet_recovery(model: Path, dataset: Dataset, reference: list[Feed], runner:
                                         "sim_sqnr_db": t["sim"]["sqnr_db"], "error": c.error}
                        for t, c in candidates},
         "sensitivity_s": record["sensitivity"]["seconds"] + record["sensitivity_recipe"]["seconds"],
+        "failed_techniques": {t["technique"]: t["failed"] for t in record["techniques"] if t.get("failed")},
         "aimet_s": sum(t["aimet_s"] for t in record["techniques"]), "aimet_cached": hit,
         "aimet_onnx": record["aimet_onnx"], "adaround_iterations": record["adaround_iterations"],
         "amp_precisions": record["amp_precisions"], "encodings_file": str(directory / final_tech["technique"]
