@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from harness.data import feeds_digest
 from harness.errors import RunnerError
 from harness.runner import llm_runner
 from harness.runner.client import DeviceRunner
@@ -21,7 +21,7 @@ def _push_data(runner: DeviceRunner, name: str, payload: bytes) -> str:
     with tempfile.TemporaryDirectory(prefix="harness-llm-") as tmp:
         local = Path(tmp) / name
         local.write_bytes(payload)
-        remote = f"data/llm-{feeds_digest([{'payload': np.frombuffer(payload, np.uint8)}])}"
+        remote = f"data/llm-{hashlib.sha256(payload).hexdigest()[:16]}"
         runner.push_dir(Path(tmp), remote)
     return f"{remote}/{name}"
 
@@ -78,14 +78,6 @@ def host_nll(prefill: Path, windows: np.ndarray, emulate_qdq: bool = False) -> d
     return {"nll_sum": total, "token_count": count, "perplexity": float(np.exp(total / count))}
 
 
-def host_generate(prefill: Path, decode: Path, prompts: list[tuple[int, ...]], max_new: int,
-                  stop_id: int | None = None, emulate_qdq: bool = False) -> list[dict]:
-    """Return greedy generations (llm_runner's per-prompt records) of the pair on the host CPU."""
-    loop = llm_runner.KvLoop(np, _host_graph(prefill, "prefill", emulate_qdq),
-                             _host_graph(decode, "decode", emulate_qdq))
-    return [loop.generate(list(p), max_new, stop_id) for p in prompts]
-
-
 def matched_prefix(a: list[int], b: list[int]) -> int:
     """Return how many leading tokens a and b share."""
     n = 0
@@ -104,6 +96,10 @@ class FloatJudge:
     def __init__(self, prefill: Path, decode: Path, margin: float) -> None:
         self.loop = llm_runner.KvLoop(np, _host_graph(prefill, "prefill", False), _host_graph(decode, "decode", False))
         self.margin = margin
+
+    def generate(self, prompts: list[tuple[int, ...]], max_new: int, stop_id: int | None = None) -> list[dict]:
+        """Return the float model's greedy generations (llm_runner's per-prompt records)."""
+        return [self.loop.generate(list(p), max_new, stop_id) for p in prompts]
 
     def consistent_prefix(self, prompt: tuple[int, ...], generated: list[int]) -> int:
         """Return how many leading generated tokens the float model would have chosen (up to a near-tie)."""

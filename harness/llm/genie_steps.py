@@ -17,7 +17,8 @@ import numpy as np
 
 from harness import charts
 from harness.kpi import Limit
-from harness.llm.device import FloatJudge, _push_data, matched_prefix
+from harness.llm.device import FloatJudge, _push_data
+from harness.llm.steps import agreement_kpis
 from harness.llm.text import TokenizedPrompt
 from harness.models import Thresholds
 from harness.runner import genie_runner
@@ -69,8 +70,8 @@ def genie_runtime(runner: DeviceRunner, device: GenieDevice, prompts: list[Token
     for row, prompt in zip(rows, prompts):
         if row.get("generated_ids") is None:  # text out: its ids by the model's tokenizer
             row["generated_ids"] = tokenizer.encode(row.get("text") or "").ids
-    exact = [matched_prefix(f, r["generated_ids"]) for f, r in zip(float_tokens, rows)]
-    agreeing = [judge.consistent_prefix(p.ids, r["generated_ids"]) for p, r in zip(prompts, rows)]
+    agreement = agreement_kpis(judge, prompts, float_tokens, [r["generated_ids"] for r in rows], max_new)
+    exact, agreeing = agreement["exact_tokens"], agreement["agreeing_tokens"]
     ttft = [r["time_to_first_token_ms"] for r in rows if r.get("time_to_first_token_ms") is not None]
     rates = [r["tokens_per_s"] for r in rows if r.get("tokens_per_s")]
     prompt_rates = [r["prompt_tokens_per_s"] for r in rows if r.get("prompt_tokens_per_s")]

@@ -18,7 +18,7 @@ import numpy as np
 
 from harness.kpi import Limit
 from harness.llm import convention
-from harness.llm.device import FloatJudge, device_generate, device_nll, host_generate, host_nll, matched_prefix
+from harness.llm.device import FloatJudge, device_generate, device_nll, host_nll, matched_prefix
 from harness.llm.text import TokenizedPrompt
 from harness.models import Thresholds
 from harness.runner.client import DeviceRunner, latency_source
@@ -83,17 +83,13 @@ def llm_conversion(conversions: dict[str, StepReport], pair: convention.PairInfo
     return report
 
 
-def _agreement(reference: list[dict], generated: list[dict]) -> list[int]:
-    """Return, per prompt, how many leading generated tokens equal the reference's."""
-    return [matched_prefix(r["generated_ids"], g["generated_ids"]) for r, g in zip(reference, generated)]
-
-
-def agreement_kpis(judge: FloatJudge, prompts: list[TokenizedPrompt], reference: list[dict],
-                   generated: list[dict], max_new: int) -> dict:
-    """Return greedy agreement KPIs of generations against the float model: exact (the same tokens as the
-    float greedy loop) and up to near-ties (tokens the float model ranks within the margin of its top)."""
-    exact = _agreement(reference, generated)
-    consistent = [judge.consistent_prefix(p.ids, g["generated_ids"]) for p, g in zip(prompts, generated)]
+def agreement_kpis(judge: FloatJudge, prompts: list[TokenizedPrompt], reference: list[list[int]],
+                   generated: list[list[int]], max_new: int) -> dict:
+    """Return greedy agreement KPIs of generated token lists against the float model: exact (the same tokens as
+    the float greedy loop's `reference`) and up to near-ties (tokens the float model ranks within the margin of
+    its top)."""
+    exact = [matched_prefix(r, g) for r, g in zip(reference, generated)]
+    consistent = [judge.consistent_prefix(p.ids, g) for p, g in zip(prompts, generated)]
     return {"greedy_agreement": round(float(np.mean([c / max_new for c in consistent])), 4),
             "greedy_exact_agreement": round(float(np.mean([m / max_new for m in exact])), 4),
             "min_agreeing_tokens": min(consistent), "min_exact_tokens": min(exact),
@@ -108,15 +104,16 @@ def llm_accuracy(float_pair: Pair, quantized: dict[str, Pair], shipped: str, win
     model, and limits on the shipped recipe."""
     ids = [p.ids for p in prompts]
     float_ppl = host_nll(float_pair.prefill, windows)["perplexity"]
-    reference = host_generate(float_pair.prefill, float_pair.decode, ids, max_new, stop_id)
     judge = FloatJudge(float_pair.prefill, float_pair.decode, thresholds.greedy_tie_margin)
+    reference = judge.generate(ids, max_new, stop_id)
     rows, generations, agreements = [], {}, {}
     for name, pair in quantized.items():
         qdq_ppl = host_nll(pair.prefill, windows, emulate_qdq=True)["perplexity"]
         nll = device_nll(runner, pair.prefill, windows)
         generated = device_generate(runner, pair.prefill, pair.decode, ids, max_new, stop_id=stop_id)["prompts"]
         generations[name] = generated
-        agreements[name] = agreement_kpis(judge, prompts, reference, generated, max_new)
+        agreements[name] = agreement_kpis(judge, prompts, [r["generated_ids"] for r in reference],
+                                          [g["generated_ids"] for g in generated], max_new)
         rows.append({"recipe": name, "shipped": name == shipped, "perplexity_float_host": round(float_ppl, 4),
                      "perplexity_qdq_host": round(qdq_ppl, 4), "perplexity_htp": round(nll["perplexity"], 4),
                      "perplexity_increase": round(nll["perplexity"] / float_ppl - 1.0, 5),

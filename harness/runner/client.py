@@ -342,8 +342,7 @@ class DeviceRunner:
         return self._execute(model, "htp", argv, feeds, None, timeout_s=max(self.timeout_s, budget_s + 300.0))
 
     def run_tool(self, script: Path, command: list[str], *, timeout_s: float | None = None,
-                 keep_dir: Path | None = None, env: dict[str, str] | None = None,
-                 raise_on_error: bool = True) -> dict:
+                 keep_dir: Path | None = None, raise_on_error: bool = True) -> dict:
         """Run a device-side tool (a script beside device_runner.py in the device's bin/, e.g. llm_runner.py or
         genie_runner.py) with `command` in a fresh job directory; return the result.json it writes.
 
@@ -356,20 +355,11 @@ class DeviceRunner:
         self.transport.push(script, remote_script)
         job = f"jobs/{uuid.uuid4().hex[:12]}"
         argv = [*self.transport.python, remote_script, *command, "--output_dir", f"{job}/out"]
-        if env:
-            argv = ["env", *(f"{k}={v}" for k, v in sorted(env.items())), *argv]
         with tempfile.TemporaryDirectory(prefix="harness-tool-") as tmp:
             out_dir = Path(tmp) / "out"
             try:
                 result = self.transport.run(argv, timeout_s=timeout_s or self.timeout_s)
-                try:
-                    self.transport.pull(f"{job}/out", out_dir)
-                    report = json.loads((out_dir / "result.json").read_text())
-                except (DeviceLostError, DeviceTimeoutError):
-                    raise
-                except (TransportError, OSError, ValueError):
-                    raise RunnerError(f"{script.name} failed before writing its result", device=self.transport.device_id,
-                                      argv=argv, rc=result.rc, stdout=result.stdout, stderr=result.stderr) from None
+                report = self._pull_report(f"{job}/out", out_dir, argv, result, report_file="result.json")
             finally:
                 self.transport.remove(job)
             if keep_dir is not None:
@@ -449,15 +439,16 @@ class DeviceRunner:
             argv.append("--placement_only")
         return argv
 
-    def _pull_report(self, remote_out: str, out_dir: Path, argv: list[str], result: CommandResult) -> dict:
-        """Pull the runner's output directory; return its runner_report.json.
+    def _pull_report(self, remote_out: str, out_dir: Path, argv: list[str], result: CommandResult,
+                     report_file: str = "runner_report.json") -> dict:
+        """Pull the runner's output directory; return its report (runner_report.json, or a tool's report_file).
 
         Raises RunnerError when the report is missing or unreadable (naming the runner's exit code
         and output); a device lost or timing out during the pull propagates as it is.
         """
         try:
             self.transport.pull(remote_out, out_dir)
-            return json.loads((out_dir / "runner_report.json").read_text())
+            return json.loads((out_dir / report_file).read_text())
         except (DeviceLostError, DeviceTimeoutError):
             raise
         except (TransportError, OSError, ValueError) as e:
