@@ -20,6 +20,7 @@ class StepReport:
     notes: list[str] = field(default_factory=list)
     artifacts: dict[str, Path] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
+    inconclusive: list[str] = field(default_factory=list)  # why the evidence cannot decide (not a failure)
 
     @property
     def verdicts(self) -> list[Verdict]:
@@ -28,9 +29,24 @@ class StepReport:
 
     @property
     def passed(self) -> bool:
-        """True when every limit is met and no failure was recorded."""
-        return not self.failures and all(v.passed for v in self.verdicts)
+        """True when every limit is met (decidedly) and no failure or inconclusive reason was recorded."""
+        return not self.failures and not self.inconclusive and all(v.passed for v in self.verdicts)
 
     def problems(self) -> list[str]:
-        """Return human-readable reasons this step did not pass."""
-        return [*self.failures, *(str(v) for v in self.verdicts if not v.passed)]
+        """Return human-readable reasons this step failed (inconclusive limits are not among them)."""
+        return [*self.failures, *(str(v) for v in self.verdicts if not v.passed and not v.inconclusive)]
+
+    def undecided(self) -> list[str]:
+        """Return why the evidence cannot decide this step: inconclusive reasons and limits."""
+        return [*self.inconclusive, *(str(v) for v in self.verdicts if v.inconclusive)]
+
+    @property
+    def status(self) -> str:
+        """Return 'failed' (a failure or a broken limit), 'inconclusive' (none, but the evidence cannot decide),
+        'marginal' (passed, close to a limit) or 'passed'."""
+        verdicts = self.verdicts
+        if self.problems():
+            return "failed"
+        if self.undecided():
+            return "inconclusive"
+        return "marginal" if any(v.marginal for v in verdicts) else "passed"
