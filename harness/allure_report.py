@@ -9,10 +9,11 @@ Before generating, the results directory gets the files Allure reads beside the 
 when absent (a user's own are kept): `environment.properties` (harness, onnxruntime, onnxruntime-qnn,
 QNN SDK and Python versions, the devices and SoCs the results name), `executor.json` (the CI job from
 its environment variables, else this machine) and `categories.json` (Regression, Accuracy,
-Unsupported op, Device fault). Allure 3's awesome report takes categories from its config, not from
-the results, so they are also passed to it in a generated config file. History: each report appends
-one entry per run to a history file (default `OUTPUT/history.jsonl`, kept when the report is
-regenerated) that Allure's trend charts read.
+Unsupported op, Device fault; Inconclusive, the status `unknown` an inconclusive step gets; Marginal pass).
+Allure 3's awesome report takes categories from its config, not from the results, so they are also
+passed to it in a generated config file. History: each report appends one entry per run to a
+history file (default `OUTPUT/history.jsonl`, kept when the report is regenerated) that Allure's trend
+charts read.
 """
 
 from __future__ import annotations
@@ -66,6 +67,11 @@ CATEGORIES: list[dict[str, Any]] = [
     {"name": "Accuracy", "matchedStatuses": ["failed"],
      "messageRegex": r"[\s\S]*(task_metric|cosine_similarity|sqnr)[\s\S]*",
      "description": "a quantized model missed its accuracy KPI (task metric, cosine similarity, SQNR)"},
+    {"name": "Inconclusive", "matchedStatuses": ["unknown"], "messageRegex": r"INCONCLUSIVE[\s\S]*",
+     "description": "the evidence could not decide a limit (its confidence interval straddles it): not a pass, "
+                    "re-run with the samples the message names"},
+    {"name": "Marginal pass", "matchedStatuses": ["passed"], "messageRegex": r"MARGINAL[\s\S]*",
+     "description": "passed, but close to a limit"},
 ]
 
 

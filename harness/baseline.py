@@ -4,14 +4,20 @@ one KPI's baseline value with this run's.
 A baseline file is ``DIR/<device>/<model>.json`` (``--save-baseline DIR`` writes one per device × model at
 the end of a run)::
 
-    {"format": 1, "device": ..., "soc": ..., "model": ..., "model_sha256": ..., "harness_version": ...,
+    {"format": 2, "device": ..., "soc": ..., "model": ..., "model_sha256": ..., "harness_version": ...,
      "saved_at": ..., "steps": {step: {"outcome": ..., "kpis": {...}}}}
 
+Format 2 (this harness) differs from format 1 (older harnesses, still read) in what the profile step's KPIs
+hold: the latency measured in independent blocks with their spread (``latency_blocks_ms``,
+``latency_noise_pct``; on emulated devices ``device_latency_ms`` and its blocks) and the artifact measured
+(``artifact_path``, ``artifact_key``, ``artifact_sha256``), so a later run can find it in the cache for an A/B.
+
 The comparison rules (``compare_*``) are pure: each returns a KpiVerdict, one of VERDICTS, with both values,
-the delta (absolute and %), the p-value where a test was run, and the rule in words. Latency compares the
-raw per-iteration samples as Google Benchmark's compare.py does: a two-sided Mann-Whitney U test at a
-significance level AND a relative change of the medians beyond a threshold, so run-to-run noise (a
-significant but small shift, or a large shift of a few noisy samples) does not count.
+the delta (absolute and %), the p-value where a test was run, and the rule in words. A figure measured in
+independent blocks (compare_blocks, compare_paired) regresses only when the change is statistically
+significant on the blocks (not on the iterations inside them, which share one run's host load) AND larger
+than max(threshold, k x the baseline's noise floor); beyond that bound but not significant it is
+``inconclusive``, as is a figure that cannot be tested (no blocks on a side).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from harness.errors import ConfigError, HarnessError
 from harness.farm import now_iso
+from harness.repeats import min_unpaired_p, paired, unpaired_p
 from harness.transports.base import sha256_file
 
 if TYPE_CHECKING:
@@ -34,11 +41,11 @@ if TYPE_CHECKING:
     from harness.pipeline import Target
     from harness.session import StepRecord
 
-FORMAT = 1
+FORMAT = 2
+READ_FORMATS = (1, 2)  # format 1: an older harness's baseline, without latency blocks or artifact
 REGRESSION_STEP = "regression"  # the step that compares: never part of a baseline
-VERDICTS = ("improved", "unchanged", "regressed", "new", "missing")
-MIN_SAMPLES = 5  # fewer latency samples on either side: the relative threshold alone
-RAN = ("passed", "failed", "error")  # outcomes of a step that ran (a skipped step did not)
+VERDICTS = ("improved", "unchanged", "regressed", "inconclusive", "new", "missing")
+RAN = ("passed", "failed", "error", "inconclusive")  # outcomes of a step that ran (a skipped step did not)
 
 
 class BaselineError(HarnessError):
@@ -67,10 +74,11 @@ class Snapshot:
     steps: dict[str, StepResult]
     harness_version: str | None = None
     saved_at: str | None = None
+    format: int = FORMAT
 
     def as_json(self) -> dict[str, Any]:
         """The snapshot as a baseline file's JSON object."""
-        return {"format": FORMAT, "device": self.device, "soc": self.soc, "model": self.model,
+        return {"format": self.format, "device": self.device, "soc": self.soc, "model": self.model,
                 "model_sha256": self.model_sha256, "harness_version": self.harness_version,
                 "saved_at": self.saved_at,
                 "steps": {name: {"outcome": s.outcome, "kpis": s.kpis} for name, s in self.steps.items()}}
@@ -156,8 +164,9 @@ def load_baseline(path: Path) -> Snapshot:
 
     if not isinstance(data, dict):
         raise bad(f"the file holds a JSON {type(data).__name__}, not an object")
-    if data.get("format") != FORMAT:
-        raise bad(f"format is {data.get('format')!r}, this harness reads format {FORMAT}")
+    if data.get("format") not in READ_FORMATS:
+        raise bad(f"format is {data.get('format')!r}, this harness reads formats "
+                  f"{', '.join(map(str, READ_FORMATS))}")
     for key in ("device", "soc", "model", "model_sha256"):
         if not isinstance(data.get(key), str):
             raise bad(f"'{key}' is {'missing' if key not in data else repr(data[key])}, not a string")
@@ -171,7 +180,8 @@ def load_baseline(path: Path) -> Snapshot:
             raise bad(f"steps.{name} is not an object with a string 'outcome' and an object 'kpis'")
         results[name] = StepResult(step["outcome"], step["kpis"])
     return Snapshot(data["device"], data["soc"], data["model"], data["model_sha256"], results,
-                    _optional_str(data.get("harness_version")), _optional_str(data.get("saved_at")))
+                    _optional_str(data.get("harness_version")), _optional_str(data.get("saved_at")),
+                    data["format"])
 
 
 def _optional_str(value: Any) -> str | None:
@@ -328,7 +338,7 @@ def compare_higher(step: str, kpi: str, baseline: float | None, current: float |
 
 def compare_lower(step: str, kpi: str, baseline: float | None, current: float | None, threshold: float,
                   unit: str = "", why: str = "") -> KpiVerdict | None:
-    """Compare a lower-is-better KPI (memory, size, energy, latency without samples) by a relative
+    """Compare a lower-is-better KPI (context-binary size) by a relative
     threshold: `regressed` above baseline x (1 + threshold), `improved` below baseline x (1 - threshold),
     else `unchanged` (a baseline of 0: any growth regresses). why is added to the rule."""
     rule = f"relative: a change beyond ±{threshold:.0%} counts (lower is better)" + (f"; {why}" if why else "")
@@ -352,42 +362,102 @@ def _signed(value: float) -> str:
     return f"{value:+.4g}"
 
 
-def mann_whitney_p(baseline: Sequence[float], current: Sequence[float]) -> float:
-    """Return the two-sided Mann-Whitney U test's p-value of two samples (1.0 where it is undefined)."""
-    from scipy.stats import mannwhitneyu
+@dataclass(frozen=True)
+class Evidence:
+    """One side of a figure measured in independent blocks: its value, one value per block (None: no blocks
+    were recorded, e.g. a format-1 baseline) and the blocks' relative spread in % (the noise floor)."""
 
-    p = float(mannwhitneyu(list(baseline), list(current), alternative="two-sided").pvalue)
-    return 1.0 if math.isnan(p) else p
+    value: float
+    blocks: list[float] | None = None
+    noise_pct: float | None = None
 
 
-def compare_samples(step: str, kpi: str, baseline: Sequence[float] | None, current: Sequence[float] | None,
-                    alpha: float, threshold: float, unit: str = "ms") -> KpiVerdict | None:
-    """Compare two samples of a lower-is-better measurement (latency) by their medians: `regressed` when the
-    Mann-Whitney U test is significant (p < alpha) AND the median grew by more than threshold, `improved`
-    when significant and it shrank by more than threshold, else `unchanged`. With fewer than MIN_SAMPLES on
-    either side the relative threshold alone decides, and the rule says so. The verdict's values are the
-    medians."""
+def noise_bound(threshold: float, k: float, noise_pct: float | None) -> tuple[float, str]:
+    """Return the relative change a figure must exceed to count, max(threshold, k x noise floor), and its words."""
+    if noise_pct is None:
+        return threshold, f"threshold {threshold:.0%}"
+    bound = max(threshold, k * noise_pct / 100.0)
+    return bound, f"max(threshold {threshold:.0%}, {k:g} x noise floor {noise_pct:.2g}%) = {bound:.1%}"
+
+
+def _pct_text(pct: float | None, baseline: float, current: float) -> str:
+    return f"{pct:+.1f}%" if pct is not None else _signed(current - baseline)
+
+
+def _relative(baseline: float, current: float) -> float:
+    if baseline == 0:
+        return 0.0 if current == 0 else math.copysign(math.inf, current)
+    return (current - baseline) / abs(baseline)
+
+
+def compare_blocks(step: str, kpi: str, baseline: Evidence | None, current: Evidence | None, alpha: float,
+                   threshold: float, k: float, unit: str = "", decides: bool = True, undecidable: str = "",
+                   weaker: str = "") -> KpiVerdict | None:
+    """Compare a lower-is-better figure measured in blocks in two sessions (the baseline's and this one):
+    `unchanged` within max(threshold, k x the baseline's noise floor); beyond it, `regressed` (`improved`)
+    when a two-sided Mann-Whitney U test of the block values is significant at alpha, else `inconclusive`
+    (too few blocks to test, or not significant). When decides is False (simulator wall time of two sessions,
+    which cannot separate host load from a regression), a significant change beyond the bound is
+    `inconclusive` too, saying `undecidable`. `weaker` says why the evidence is weaker (e.g. an old baseline)."""
+    bound, bound_text = noise_bound(threshold, k, baseline.noise_pct if baseline else None)
+    rule = (f"independent blocks: a change beyond {bound_text} that a two-sided Mann-Whitney U test of the block "
+            f"values finds significant at {alpha:g} (lower is better)" + (f"; {weaker}" if weaker else ""))
+    side = one_side(step, kpi, baseline and baseline.value, current and current.value, rule, unit)
+    if side is not None or baseline is None or current is None:
+        return side
+    b, c = baseline.value, current.value
+    delta, pct = _deltas(b, c)
+    change, rel = _pct_text(pct, b, c), _relative(b, c)
+
+    def verdict(name: str, detail: str, p: float | None = None) -> KpiVerdict:
+        return KpiVerdict(kpi, step, b, c, delta, pct, name, None if p is None else float(f"{p:.3g}"), rule, unit,
+                          detail)
+
+    if abs(rel) <= bound:
+        return verdict("unchanged", f"{change}, within {bound_text}" + (f"; {weaker}" if weaker else ""))
+    nb, nc = len(baseline.blocks or []), len(current.blocks or [])
+    if min_unpaired_p(nb, nc) >= alpha:
+        lacking = ("the baseline has no blocks" if nb == 0 else "this run has no blocks" if nc == 0 else
+                   f"{nb} block(s) in the baseline and {nc} now cannot reach significance at {alpha:g}")
+        return verdict("inconclusive", f"{change}, beyond {bound_text}, but {lacking}: the change cannot be told "
+                                       "from run-to-run noise" + (f" ({weaker})" if weaker else ""))
+    p = unpaired_p(baseline.blocks, current.blocks)
+    test = f"{nb} vs {nc} blocks, Mann-Whitney p={p:.2g}"
+    if p >= alpha:
+        return verdict("inconclusive", f"{change}, beyond {bound_text}, not significant ({test})", p)
+    if not decides:
+        return verdict("inconclusive", f"{change}, beyond {bound_text}, {test}; {undecidable}", p)
+    return verdict("regressed" if rel > 0 else "improved", f"{change}, beyond {bound_text}, {test}", p)
+
+
+def compare_paired(step: str, kpi: str, baseline: Sequence[float], current: Sequence[float], alpha: float,
+                   threshold: float, k: float, noise_pct: float | None, unit: str = "", final: bool = True,
+                   recorded: str = "") -> KpiVerdict | None:
+    """Compare interleaved A/B blocks of one session (baseline[i] and current[i] measured back to back):
+    `unchanged` when the geometric-mean ratio is within max(threshold, k x noise floor), `regressed`
+    (`improved`) beyond it when a t-test of the pairs' log ratios is significant at alpha, else undecided:
+    None (measure more pairs), or `inconclusive` when final. The values are the blocks' medians; `recorded`
+    (the two sessions' recorded figures) is added to the detail."""
     import numpy as np
 
-    med_b = round(float(np.median(baseline)), 6) if baseline else None
-    med_c = round(float(np.median(current)), 6) if current else None
-    rule = (f"Mann-Whitney U two-sided p < {alpha:g} and a change of the median beyond ±{threshold:.0%} "
-            "(lower is better)")
-    side = one_side(step, kpi, med_b, med_c, rule, unit)
-    if side is not None or med_b is None:
-        return side
-    delta, pct = _deltas(med_b, med_c)
-    pct_text = f"{pct:+.1f}%" if pct is not None else _signed(med_c - med_b)
-    if len(baseline) < MIN_SAMPLES or len(current) < MIN_SAMPLES:
-        rule = (f"relative: a change of the median beyond ±{threshold:.0%} counts (lower is better); too few "
-                f"samples for the Mann-Whitney U test ({len(baseline)} in the baseline, {len(current)} now, "
-                f"{MIN_SAMPLES} needed on each side), so the threshold alone decides")
-        return KpiVerdict(kpi, step, med_b, med_c, delta, pct, _relative_verdict(med_b, med_c, threshold), None,
-                          rule, unit, f"{pct_text}, relative threshold only: too few samples")
-    p = mann_whitney_p(baseline, current)
-    verdict = _relative_verdict(med_b, med_c, threshold) if p < alpha else "unchanged"
-    return KpiVerdict(kpi, step, med_b, med_c, delta, pct, verdict, float(f"{p:.3g}"), rule, unit,
-                      f"{pct_text}, Mann-Whitney p={p:.2g}")
+    bound, bound_text = noise_bound(threshold, k, noise_pct)
+    rule = (f"interleaved A/B on this device in this session (baseline's artifact, then this run's, alternating): "
+            f"a change of the pairs' ratio beyond {bound_text} that a t-test of the log ratios finds "
+            f"significant at {alpha:g} (lower is better)")
+    pair = paired(baseline, current)
+    b, c = round(float(np.median(baseline)), 6), round(float(np.median(current)), 6)
+    pct = round(100.0 * (pair.ratio - 1.0), 2)
+    test = f"A/B {pair.pairs} pairs, ratio x{pair.ratio:.3g} ({pct:+.1f}%), paired t-test p={pair.p_value:.2g}"
+    if abs(pair.ratio - 1.0) <= bound:
+        name, detail = "unchanged", f"{test}, within {bound_text}"
+    elif pair.p_value < alpha:
+        name, detail = ("regressed" if pair.ratio > 1 else "improved"), f"{test}, beyond {bound_text}"
+    elif not final:
+        return None
+    else:
+        name, detail = "inconclusive", f"{test}, beyond {bound_text} but not significant"
+    detail += f"; recorded {recorded}" if recorded else ""
+    return KpiVerdict(kpi, step, b, c, round(c - b, 6), pct, name, float(f"{pair.p_value:.3g}"), rule, unit, detail)
 
 
 def compare_outcome(step: str, baseline: str | None, current: str | None) -> KpiVerdict | None:
@@ -400,6 +470,7 @@ def compare_outcome(step: str, baseline: str | None, current: str | None) -> Kpi
     side = one_side(step, "outcome", base, cur, rule)
     if side is not None or base is None:
         return side
-    verdict = ("regressed" if base == "passed" and cur != "passed" else
+    verdict = ("inconclusive" if base == "passed" and cur == "inconclusive" else
+               "regressed" if base == "passed" and cur != "passed" else
                "improved" if base != "passed" and cur == "passed" else "unchanged")
     return KpiVerdict("outcome", step, base, cur, None, None, verdict, None, rule)

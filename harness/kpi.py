@@ -42,6 +42,16 @@ class Interval:
         return f"[{self.low:.4g}, {self.high:.4g}] ({self.confidence:.0%} {self.method}, n={self.samples})"
 
 
+def kpi_value(kpis: dict, kpi: str) -> Any:
+    """Return kpis[kpi], or the nested value a dotted name points to ('latency_ms.p50'), or None."""
+    if not isinstance(kpis, dict):
+        return None
+    if kpi in kpis or "." not in kpi:
+        return kpis.get(kpi)
+    head, _, rest = kpi.partition(".")
+    return kpi_value(kpis.get(head), rest)
+
+
 def interval_of(kpis: dict, kpi: str) -> Interval | None:
     """Return the interval kpis carry for kpi (see INTERVALS_KEY), or None."""
     data = (kpis.get(INTERVALS_KEY) or {}).get(kpi) if isinstance(kpis, dict) else None
@@ -53,7 +63,8 @@ class Limit:
     """A rule on one KPI: value >= minimum and/or value <= maximum.
 
     A pass within `marginal` (as a fraction of the limit's magnitude, or absolute when the limit
-    is 0) of a bound is flagged marginal.
+    is 0) of a bound is flagged marginal; `marginal` 0 (or less) flags none, e.g. for a bound that is
+    the best possible value (htp_fraction >= 1, errors <= 0).
     """
 
     kpi: str
@@ -92,7 +103,7 @@ class Limit:
                 return Verdict(self, value, False, False, interval=interval)
             return Verdict(self, value, False, False, interval=interval, inconclusive=True)
         ok = self._within(value)
-        marginal = ok and any(b is not None and abs(value - b) <= self._band(b)
+        marginal = ok and self.marginal > 0 and any(b is not None and abs(value - b) <= self._band(b)
                               for b in (self.minimum, self.maximum))
         return Verdict(self, value, ok, marginal)
 

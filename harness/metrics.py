@@ -81,3 +81,34 @@ def top1_accuracy(logits: list[np.ndarray], labels: np.ndarray) -> float:
 def top1_agreement(reference: list[np.ndarray], test: list[np.ndarray]) -> float:
     """Return the share of samples where both outputs pick the same class."""
     return float(np.mean([top1(a) == top1(b) for a, b in zip(reference, test)])) if reference else 0.0
+
+
+def sample_sums(reference: list[list[np.ndarray]], test: list[list[np.ndarray]]) -> np.ndarray:
+    """Return per sample (one row each) the sums cosine similarity and SQNR are made of: reference·test,
+    reference², test², (reference - test)² over the sample's output tensors, so a resample's cosine or SQNR
+    is cosine_from_sums / sqnr_from_sums of its rows' total."""
+    rows = []
+    for ref, out in zip(reference, test):
+        a, b = _flat(list(ref)), _flat(list(out))
+        rows.append((float(np.dot(a, b)), float(np.dot(a, a)), float(np.dot(b, b)), float(np.sum((a - b) ** 2))))
+    return np.asarray(rows, dtype=np.float64).reshape(-1, 4)
+
+
+def cosine_from_sums(sums: np.ndarray) -> float:
+    """Return the cosine similarity of samples whose sample_sums add up to sums (as cosine_similarity)."""
+    dot, aa, bb, _ = (float(x) for x in sums)
+    if aa == 0 and bb == 0:
+        return 1.0
+    if aa == 0 or bb == 0:
+        return 0.0
+    return dot / float(np.sqrt(aa) * np.sqrt(bb))
+
+
+def sqnr_from_sums(sums: np.ndarray) -> float:
+    """Return the SQNR in dB of samples whose sample_sums add up to sums (as sqnr_db)."""
+    _, aa, _, err = (float(x) for x in sums)
+    if err == 0:
+        return float("inf")
+    if aa == 0:
+        return float("-inf")
+    return float(10 * np.log10(aa / err))

@@ -56,11 +56,14 @@ class Thresholds(BaseModel):
                                                              "cosine_similarity vs the baseline, absolute")
     regression_sqnr_tolerance_db: float = Field(1.0, ge=0, allow_inf_nan=False,
                                                 description="regression: largest drop of sqnr_db vs the baseline, dB")
-    regression_alpha: float = Field(0.05, gt=0, lt=1, description="regression: significance of the Mann-Whitney U "
-                                                                  "test on the latency samples")
+    regression_alpha: float = Field(0.05, gt=0, lt=1, description="regression: significance of the test on "
+                                                                  "independent blocks (Mann-Whitney U; paired t on A/B)")
     regression_latency_threshold: float = Field(0.10, ge=0, allow_inf_nan=False,
                                                 description="regression: relative change of the median latency "
-                                                            "that counts (with a significant U test)")
+                                                            "that counts (with a significant test)")
+    regression_noise_k: float = Field(3.0, ge=0, allow_inf_nan=False,
+                                      description="regression: a change must also exceed this many times the "
+                                                  "baseline's noise floor (between-block spread)")
     regression_memory_threshold: float = Field(0.10, ge=0, allow_inf_nan=False,
                                                description="regression: relative growth of peak_rss_mb that counts")
     regression_size_threshold: float = Field(0.05, ge=0, allow_inf_nan=False,

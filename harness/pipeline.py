@@ -135,20 +135,35 @@ class Onboarding(LlmOnboarding):
         return ptq.quantize(self.converted_model(), self.dataset().calibration, self.recipe, self.cache)
 
     def deployable_model(self, mixed: StepReport | None = None) -> Path:
-        """The quantized model that ships to the device (compiled, profiled, integrated): PTQ's, or the
-        mixed-precision model when PTQ missed its KPI and mixed precision met it. `mixed` is the
-        mixed-precision report while that step is being built (it exports the deployable encodings).
-        When mixed precision missed too and the AIMET step ran and met the KPI, AIMET's model ships."""
+        """The quantized model that ships to the device (compiled, profiled, integrated); see deployable."""
+        return self.deployable(mixed)[1]
+
+    def deployable(self, mixed: StepReport | None = None) -> tuple[str, Path]:
+        """Return which quantized model ships ('ptq', 'mixed_precision' or 'aimet') and its path.
+
+        PTQ's when PTQ passes decisively (every limit met on its KPI's interval); else the first recovery step
+        whose model meets the KPI decisively (mixed precision, then AIMET when its step ran). When none does,
+        PTQ's model ships, unless PTQ failed decisively and a recovery's model could not be decided (an interval
+        straddles a limit): that one ships, as nothing decisively better exists. An inconclusive PTQ therefore
+        keeps its model unless a recovery proves one. `mixed` is the mixed-precision report while that step is
+        being built (it exports the deployable encodings; AIMET comes after it and is not asked)."""
         if self.ptq().passed:
-            return self.qdq_model()
-        building = mixed is not None  # mixed precision is exporting its encodings; AIMET comes after it
+            return "ptq", self.qdq_model()
+        building = mixed is not None
         try:
             mixed = mixed or self.mixed_precision()
         except HarnessError:  # reported by the mixed_precision step itself; PTQ's model stays deployable
-            return self.qdq_model()
-        if mixed.kpis.get("met_threshold"):
-            return mixed.artifacts["model"]
-        return (None if building else self._aimet_model()) or self.qdq_model()
+            return "ptq", self.qdq_model()
+        aimet = None if building else self._aimet_report()
+        recoveries = [("mixed_precision", mixed), *([("aimet", aimet)] if aimet is not None else [])]
+        for name, report in recoveries:
+            if report.kpis.get("met_threshold"):
+                return name, report.artifacts["model"]
+        if self.ptq().problems():
+            for name, report in recoveries:
+                if report.kpis.get("undecided") and "model" in report.artifacts:
+                    return name, report.artifacts["model"]
+        return "ptq", self.qdq_model()
 
     @memoized
     def feasibility(self) -> StepReport:
@@ -193,8 +208,9 @@ class Onboarding(LlmOnboarding):
     @memoized
     def ptq(self) -> StepReport:
         """Step 3 stage 2 report (its `dataset` KPI says what data was used and how many samples, and why)."""
+        cost = self.inference_cost()
         report = ptq.ptq(self.qdq_model(), self.recipe, self.dataset(), self.float_reference(), self.runner,
-                         self.thresholds)
+                         self.thresholds, inference_s=cost.inference_s if cost is not None else None)
         report.kpis.setdefault("dataset", self.dataset().description)
         return report
 
@@ -243,7 +259,7 @@ class Onboarding(LlmOnboarding):
                 return eight_bit[0]
         report, model = self.ptq(), self.qdq_model()
         return sweep.Candidate(self.recipe, model, {**report.kpis, "model_bytes": model.stat().st_size},
-                               meets=report.passed)
+                               meets=report.passed, undecided=report.status == "inconclusive")
 
     def aimet_skip_reason(self) -> str | None:
         """Why the AIMET step does not run (None: it runs): --aimet off, the aimet extra missing, or (in auto
@@ -281,13 +297,12 @@ class Onboarding(LlmOnboarding):
         return aimet_recovery.aimet_recovery(self.converted_model(), self.dataset(), self.float_reference(),
                                              self.runner, self.thresholds, self.cache, recipe, earlier)
 
-    def _aimet_model(self) -> Path | None:
-        """AIMET's model when its step ran and met the KPI, else None (the step's report says why)."""
+    def _aimet_report(self) -> StepReport | None:
+        """AIMET's report when its step ran, else None (the step's report says why)."""
         try:
-            report = self.aimet()
+            return self.aimet()
         except HarnessError:
             return None
-        return report.artifacts["model"] if report.kpis.get("met_threshold") else None
 
     @memoized
     def context_artifact(self) -> ContextBinary:
@@ -300,13 +315,14 @@ class Onboarding(LlmOnboarding):
         """Step 4 report."""
         return context_binary.context_binary(self.context_artifact(), self.deployable_model(), self.runner)
 
-    def profile(self, rule: "profile.MeasureRule") -> StepReport:
-        """Step 5 report, measured under rule (charts and the raw profile under the cache's runs/)."""
+    def profile(self, rule: "profile.MeasureRule", blocks: int = profile.PROFILE_BLOCKS) -> StepReport:
+        """Step 5 report, measured under rule in `blocks` independent blocks (charts and the raw profile under
+        the cache's runs/)."""
         out_dir = self.cache.root / "runs" / self.target.id / "profile"
         return profile.profile(self.context_artifact(), self.deployable_model(), self.dataset().evaluation[0],
                                self.runner, self.target.soc, self.thresholds, rule, out_dir,
                                label=f"{self.target.device.id} x {self.target.model.name}",
-                               placement=self.context_binary().tables.get("placement"))
+                               placement=self.context_binary().tables.get("placement"), blocks=blocks)
 
     @memoized
     def runtime(self) -> StepReport:
@@ -328,15 +344,28 @@ class Onboarding(LlmOnboarding):
         return getattr(self.runner.transport, "telemetry_source", "measured")
 
     @memoized
-    def validation_accuracy(self) -> StepReport:
-        """Step 7 report: the deployable context binary on the device over the whole evaluation set."""
+    def validation_dataset(self) -> Dataset:
+        """The evaluation set of Step 7's validation_accuracy: the whole data set when labelled or when its cost
+        cannot be measured, else as many samples as fit sizing.VALIDATION_BUDGET_S (more than the accuracy
+        steps' EVAL_BUDGET_S per pass: it is one pass)."""
         data = self.full_dataset()
+        cost = None if data.labelled else self.inference_cost()
+        if cost is None or len(data.evaluation) <= sizing.MIN_EVAL_SAMPLES:
+            return data
+        count = sizing.evaluation_count(cost.inference_s, len(data.evaluation), sizing.VALIDATION_BUDGET_S)
+        return with_evaluation_count(data, count, sizing.count_reason(cost, self.target.device.id, count,
+                                                                      sizing.VALIDATION_BUDGET_S))
+
+    @memoized
+    def validation_accuracy(self) -> StepReport:
+        """Step 7 report: the deployable context binary on the device over the validation evaluation set."""
+        data = self.validation_dataset()
         reference = host_reference(self.converted_model(), data.evaluation, self.cache)
-        shipped = self.deployable_model()
-        deployed = ("ptq" if shipped == self.qdq_model() else
-                    "aimet" if shipped == self._aimet_model() else "mixed_precision")
+        deployed, _ = self.deployable()
+        cost = self.inference_cost()
         return validation_accuracy.validation_accuracy(self.context_artifact(), data, reference, self.runner,
-                                                       self.thresholds, deployed)
+                                                       self.thresholds, deployed,
+                                                       inference_s=cost.inference_s if cost is not None else None)
 
     @memoized
     def sustained(self) -> StepReport:

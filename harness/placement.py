@@ -16,11 +16,16 @@ import onnx
 QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 
 
-class Placed(Protocol):
-    """A node as a placement reports it (harness.runner.client.NodePlacement)."""
+class Named(Protocol):
+    """A node by name and op type (a NodePlacement, a qnn_ops.GraphNode with its subgraph path `graph`)."""
 
     node: str
     op_type: str
+
+
+class Placed(Named, Protocol):
+    """A node as a placement reports it (harness.runner.client.NodePlacement)."""
+
     ep: str
 
 
@@ -52,10 +57,42 @@ def refused_nodes(model: onnx.ModelProto, cpu: Sequence[Placed]) -> list[Placed]
             if p.op_type not in QDQ_OPS or (p.node in names and p.node not in boundary)]
 
 
-def describe(nodes: Sequence[Placed], limit: int = 20) -> str:
-    """Return 'name (Op); name (Op); ...', at most limit nodes, then how many more."""
-    shown = "; ".join(f"{p.node} ({p.op_type})" for p in nodes[:limit])
-    return shown + (f"; and {len(nodes) - limit} more" if len(nodes) > limit else "")
+GROUP_AFTER = 5  # more nodes than this are listed by op type, not one by one
+
+
+def _depth(graph: str) -> int:
+    """Return how many control-flow nodes deep a subgraph path is ('If_25/else_branch/If_651/else_branch': 2)."""
+    return len(graph.split("/")) // 2 if graph else 0
+
+
+def group_nodes(nodes: Sequence[Named], names: int = 3) -> str:
+    """Return a node list a reader takes in at a glance: up to GROUP_AFTER nodes as 'name (Op); ...' (with
+    the subgraph they are in), more grouped by op type in the order given, as '41 If nodes, nested up to 4
+    deep, under If_0' or '12 Reshape nodes: Reshape_1, Reshape_2, Reshape_7, and 9 more' (names: how many to
+    name)."""
+    if len(nodes) <= GROUP_AFTER:
+        return "; ".join(f"{n.node} ({n.op_type})" + (f" in {n.graph}" if getattr(n, "graph", "") else "")
+                         for n in nodes)
+    by_op: dict[str, list[Named]] = {}
+    for n in nodes:
+        by_op.setdefault(n.op_type, []).append(n)
+    parts = []
+    for op, group in by_op.items():
+        graphs = [getattr(n, "graph", "") or "" for n in group]
+        if len(group) == 1:
+            parts.append(f"{group[0].node} ({op})" + (f" in {graphs[0]}" if graphs[0] else ""))
+            continue
+        text = f"{len(group)} {op} nodes"
+        deepest = max(_depth(g) for g in graphs)
+        if deepest:
+            roots = list(dict.fromkeys(g.split("/")[0] if g else n.node for n, g in zip(group, graphs)))
+            text += f", nested up to {deepest} deep, under {', '.join(roots[:names])}"
+            text += f" and {len(roots) - names} more" if len(roots) > names else ""
+        else:
+            text += ": " + ", ".join(n.node for n in group[:names])
+            text += f", and {len(group) - names} more" if len(group) > names else ""
+        parts.append(text)
+    return "; ".join(parts)
 
 
 def refusal_message(model_path: Path, cpu: Sequence[Placed], soc_label: str) -> tuple[str, list[Placed]]:
@@ -66,11 +103,11 @@ def refusal_message(model_path: Path, cpu: Sequence[Placed], soc_label: str) -> 
     primary = [p for p in refused if p.op_type not in QDQ_OPS] or refused
     beside = len(refused) - len(primary)
     if primary:
-        what = (f"{len(primary)} node(s) cannot run on the {soc_label} HTP: {describe(primary)} "
+        what = (f"{len(primary)} node(s) cannot run on the {soc_label} HTP: {group_nodes(primary)} "
                 f"(op types: {', '.join(sorted({p.op_type for p in primary}))})")
         what += f", with {beside} Q/DQ node(s) beside them" if beside else ""
     else:
         what = (f"the {soc_label} HTP refused it although with CPU fallback allowed only Q/DQ nodes at the "
-                f"graph's inputs/outputs leave the HTP: {describe(list(cpu)) or 'none reported'}")
+                f"graph's inputs/outputs leave the HTP: {group_nodes(list(cpu)) or 'none reported'}")
     return (f"{what}; CPU fallback is disabled, so the model cannot run on the HTP as it is: run the "
             "feasibility step for the full placement", refused)

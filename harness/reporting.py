@@ -1,4 +1,5 @@
-"""Allure output for step reports: parameters, KPI attachments, tables as CSV, verdicts as steps.
+"""Allure output for step reports: parameters, KPI attachments, tables as CSV, verdicts and confidence intervals
+as steps, and the status of inconclusive steps and marginal passes.
 
 allure-pytest's API is a no-op unless pytest runs with --alluredir, so this is always safe to call.
 """
@@ -12,6 +13,7 @@ from typing import Any
 
 import allure
 
+from harness.kpi import INTERVALS_KEY, interval_of, kpi_value
 from harness.session import json_safe
 from harness.steps.report import StepReport
 
@@ -46,8 +48,16 @@ def attach_report(report: StepReport) -> None:
         for verdict in report.verdicts:
             with allure.step(str(verdict)):
                 pass
+        for kpi in report.kpis.get(INTERVALS_KEY) or {}:  # what each KPI measured on samples rests on
+            interval = interval_of(report.kpis, kpi)
+            if interval is not None:
+                with allure.step(f"interval: {kpi} = {kpi_value(report.kpis, kpi)} {interval}"):
+                    pass
         for failure in report.failures:
             with allure.step(f"FAIL: {failure}"):
+                pass
+        for reason in report.inconclusive:
+            with allure.step(f"INCONCLUSIVE: {reason}"):
                 pass
         for note in report.notes:
             with allure.step(f"note: {note}"):
@@ -65,3 +75,23 @@ def attach_artifacts(report: StepReport) -> None:
         kind = _ATTACHABLE.get(path.suffix.lower())
         if kind is not None and path.is_file():
             allure.attach.file(str(path), name=f"{report.step} {name}", attachment_type=kind)
+
+
+def flag_allure_result(config, outcome: str, message: str, marginal: list[str]) -> None:  # type: ignore[no-untyped-def]
+    """Mark the running test's Allure result: an inconclusive step gets Allure's status `unknown` (neither
+    passed nor failed) with its reasons as the status message, a marginal pass keeps `passed` with the
+    marginal verdicts as its message; both are tagged, so the categories INCONCLUSIVE and MARGINAL find them.
+    Call after allure-pytest has set the call phase's status; a no-op without --alluredir."""
+    listener = config.pluginmanager.getplugin("allure_listener")
+    result = listener.allure_logger.get_test(None) if listener is not None else None
+    if result is None:
+        return
+    from allure_commons.model2 import Label, Status, StatusDetails
+
+    if outcome == "inconclusive":
+        result.status = Status.UNKNOWN
+        result.statusDetails = StatusDetails(message=f"INCONCLUSIVE: {message}")
+        result.labels.append(Label(name="tag", value="inconclusive"))
+    elif marginal and result.status == Status.PASSED:
+        result.statusDetails = StatusDetails(message="MARGINAL: " + "\n".join(marginal))
+        result.labels.append(Label(name="tag", value="marginal"))

@@ -4,7 +4,9 @@ samples on the runner's clock, and the KPIs Step 7 holds them to.
 The runner (harness/runner/device_runner.py, --soak_duration/--soak_iterations) times every iteration,
 groups them into windows, and samples the device's thermal zones, battery and Android thermal status in a
 thread on the same clock; its raw sysfs lines are parsed here with the host's own parsers
-(harness.telemetry), so a phone, a board and the emulators read alike.
+(harness.telemetry), so a phone, a board and the emulators read alike. On an emulated device the windows,
+iterations and latency are the modelled HTP's (`emulated`, harness.emulator.device_time); the HTP simulator's
+own wall time is kept as `simulator` figures, and host contention (host_contention) is a labelled note.
 """
 
 from __future__ import annotations
@@ -50,7 +52,24 @@ class SoakRun:
     sampler_children_cpu_s: float | None = None  # its dumpsys processes' CPU time
     errors: list[str] = field(default_factory=list)
     telemetry_source: str = "measured"  # emulated | measured
-    latency_source: str = "unknown"  # simulator | device | ...
+    latency_source: str = "unknown"  # emulated (the modelled HTP) | simulator | device | ...
+    iterations: int = 0  # inferences of the soak: the modelled HTP's on an emulated device
+    emulated_summary: dict | None = None  # the modelled HTP's latency over the soak (emulated devices)
+    simulator_windows: list[Window] = field(default_factory=list)  # the simulator's windows (emulated devices)
+    host: dict = field(default_factory=dict)  # the runner's machine: cpu_count, loadavg_1m at start and end
+
+    @property
+    def emulated(self) -> bool:
+        """Return whether the soak's figures are an emulated device's modelled time."""
+        return self.latency_source == "emulated"
+
+    def latency_ms(self) -> dict[str, float]:
+        """Return the soak's latency statistics (the `latency_ms` KPI: min, p50, p90, p99, max, mean, std)."""
+        if self.emulated_summary is not None:
+            return {k: self.emulated_summary.get(f"{k}_ms") for k in ("min", "p50", "p90", "p99", "max", "mean", "std")}
+        from harness.steps.profile import latency_stats
+
+        return latency_stats(self.iteration_s).as_dict()
 
     def phase(self, name: str) -> list[Sample]:
         """Return the samples taken in one phase ('idle' or 'soak')."""
@@ -74,7 +93,7 @@ def soak_run(run: RunResult, telemetry_source: str) -> SoakRun:
     soak = report.get("soak")
     if not soak:
         raise StepError("the device runner reported no soak (an older runner on the device?)")
-    windows = [Window(**{k: w.get(k) for k in Window.__dataclass_fields__}) for w in soak.get("windows") or []]
+    windows = _windows(soak.get("windows"))
     telemetry = report.get("telemetry") or {}
     static = "\n".join(telemetry.get("static") or [])
     samples = []
@@ -88,7 +107,45 @@ def soak_run(run: RunResult, telemetry_source: str) -> SoakRun:
                    samples=samples, trips=parse_trips(static), interval_s=telemetry.get("interval_s"),
                    sampler_cpu_s=telemetry.get("sampler_cpu_s"),
                    sampler_children_cpu_s=telemetry.get("sampler_children_cpu_s"), errors=list(telemetry.get("errors") or []),
-                   telemetry_source=telemetry_source, latency_source=run.latency_source)
+                   telemetry_source=telemetry_source, latency_source=soak.get("latency_source") or run.latency_source,
+                   iterations=int(soak.get("iterations", len(run.iteration_s))),
+                   emulated_summary=soak.get("emulated_summary"),
+                   simulator_windows=_windows(soak.get("simulator_windows")),
+                   host=dict(report.get("host") or {}))
+
+
+def _windows(rows: list[dict] | None) -> list[Window]:
+    return [Window(**{k: w.get(k) for k in Window.__dataclass_fields__}) for w in rows or []]
+
+
+CONTENTION_SPREAD_PCT = 50.0  # the simulator's window p50s moving more than this: the host was contended
+
+
+def host_contention(host: dict, simulator_windows: list[Window] = ()) -> dict[str, Any]:
+    """Return the `host_contention` KPI of a run on an emulated device: the host's 1-minute load average against
+    its cores and the spread of the simulator's window p50s (max / min - 1, %); detected when the load exceeds
+    the cores or the spread exceeds CONTENTION_SPREAD_PCT. A labelled note, never a verdict: the emulated
+    figures do not depend on it."""
+    loads = [x for x in host.get("loadavg_1m") or [] if x is not None]
+    cpus = host.get("cpu_count")
+    p50s = [w.p50_ms for w in simulator_windows if w.p50_ms]
+    spread = 100.0 * (max(p50s) / min(p50s) - 1.0) if len(p50s) >= 2 else None
+    reasons = []
+    if loads and cpus and max(loads) > cpus:
+        reasons.append(f"load average {max(loads):.2f} above the host's {cpus} cores")
+    if spread is not None and spread > CONTENTION_SPREAD_PCT:
+        reasons.append(f"the simulator's window p50 moved {spread:.0f} % during the run")
+    return {"source": "simulator", "detected": bool(reasons), "reasons": reasons,
+            "loadavg_1m_max": max(loads) if loads else None, "cpu_count": cpus,
+            "simulator_window_p50_spread_pct": spread}
+
+
+def contention_note(contention: dict[str, Any]) -> str | None:
+    """Return the note for detected host contention, or None."""
+    if not contention.get("detected"):
+        return None
+    return ("host contention (simulator): " + "; ".join(contention["reasons"]) + " - the emulated figures are the "
+            "modelled HTP's and do not depend on it; the simulator's wall-time figures do")
 
 
 def stability_kpis(windows: list[Window], margin: float) -> dict[str, Any]:

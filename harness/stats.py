@@ -1,18 +1,23 @@
-"""Confidence intervals for KPIs measured on samples: Wilson for proportions, a percentile bootstrap for
-statistics of paired samples (cosine, SQNR, task metrics), and the sample count a limit needs.
+"""Confidence intervals for KPIs measured on samples: Wilson for proportions, Newcombe's hybrid score for the
+difference of two paired proportions, a percentile bootstrap for statistics of paired samples (cosine, SQNR,
+task metrics), and the sample count a limit needs.
 
-These are the standard forms (scipy.stats.binomtest's Wilson interval; Efron's percentile bootstrap over
-samples with a fixed seed, so a verdict is reproducible for the same outputs).
+These are the standard forms (scipy.stats.binomtest's Wilson interval; Newcombe 1998, Statistics in Medicine
+17:2635, method 10, as Fagerland, Lydersen and Laake's contingencytables computes it; Efron's percentile
+bootstrap over samples with a fixed seed, so a verdict is reproducible for the same outputs).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
 from harness.kpi import Interval
+
+if TYPE_CHECKING:
+    from harness.kpi import Limit
 
 CONFIDENCE = 0.95
 BOOTSTRAP_RESAMPLES = 1000
@@ -50,10 +55,71 @@ def bootstrap(statistic: Callable[[np.ndarray], float], n: int, confidence: floa
                     confidence)
 
 
+def complement(interval: Interval) -> Interval:
+    """Return the interval of 1 - x for an interval of x (a drop of an agreement is 1 - agreement)."""
+    return Interval(1.0 - interval.high, 1.0 - interval.low, interval.samples, interval.method, interval.confidence,
+                    interval.needed)
+
+
+def _wilson_bounds(p: float, n: float, z: float) -> tuple[float, float]:
+    """Return the Wilson score bounds of an observed proportion p of n samples (closed form; n may be fractional)."""
+    denominator = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denominator
+    half = z * math.sqrt(max(p * (1 - p), 0.0) / n + z * z / (4 * n * n)) / denominator
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
 def difference_of_proportions(a: Sequence[bool], b: Sequence[bool], confidence: float = CONFIDENCE) -> Interval:
-    """Return the bootstrap interval of mean(a) - mean(b) for paired per-sample outcomes (a metric's drop)."""
-    a_arr, b_arr = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    return bootstrap(lambda idx: float(a_arr[idx].mean() - b_arr[idx].mean()), len(a_arr), confidence)
+    """Return the interval of mean(a) - mean(b) for paired per-sample outcomes (a metric's drop: a = the float
+    model right, b = the quantized model right), by Newcombe's hybrid score method for paired proportions: unlike
+    a bootstrap it does not collapse to [0, 0] when no sample changed (0 of 8 changed is not proof)."""
+    a_arr, b_arr = np.asarray(a, dtype=bool), np.asarray(b, dtype=bool)
+    n = len(a_arr)
+    if n == 0:
+        return Interval(-1.0, 1.0, 0, "newcombe", confidence)
+    both, only_a = int(np.sum(a_arr & b_arr)), int(np.sum(a_arr & ~b_arr))
+    only_b, neither = int(np.sum(~a_arr & b_arr)), int(np.sum(~a_arr & ~b_arr))
+    p1, p2 = (both + only_a) / n, (both + only_b) / n
+    z = _z(confidence)
+    l1, u1 = _wilson_bounds(p1, n, z)
+    l2, u2 = _wilson_bounds(p2, n, z)
+    margins = (both + only_a) * (only_b + neither) * (both + only_b) * (only_a + neither)
+    phi = 0.0
+    if margins > 0:  # the correlation of the two proportions, continuity-corrected as Newcombe's method 10
+        cross = both * neither - only_a * only_b
+        phi = (cross - n / 2) / math.sqrt(margins) if cross > n / 2 else min(cross, 0) / math.sqrt(margins)
+    estimate = p1 - p2
+    low = estimate - math.sqrt(max((p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2, 0.0))
+    high = estimate + math.sqrt(max((p2 - l2) ** 2 - 2 * phi * (p2 - l2) * (u1 - p1) + (u1 - p1) ** 2, 0.0))
+    return Interval(max(-1.0, low), min(1.0, high), n, "newcombe", confidence)
+
+
+def proportion_needed(value: float, bound: float, confidence: float = CONFIDENCE,
+                      cap: int = 100_000) -> int | None:
+    """Return the fewest samples whose Wilson interval around the observed proportion `value` excludes bound
+    (None when value sits on the bound, or more than cap would be needed). The Wilson interval of 1 - p mirrors
+    that of p, so this serves a drop of an agreement (1 - agreement) as well."""
+    if abs(value - bound) <= 1e-12 or not 0.0 <= value <= 1.0:
+        return None
+    z = _z(confidence)
+
+    def resolved(n: int) -> bool:
+        low, high = _wilson_bounds(value, n, z)
+        return high <= bound if value < bound else low > bound
+
+    if not resolved(cap):
+        return None
+    lo, hi = 1, cap
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if resolved(mid) else (mid + 1, hi)
+    return lo
+
+
+def resolvable_drop(n: int, confidence: float = CONFIDENCE) -> float:
+    """Return the smallest drop of an agreement that n samples can resolve: the Wilson upper bound of the
+    disagreement when none of the n samples disagrees (z²/(n + z²); 0.02 needs n >= 189 at 95 %)."""
+    return 1.0 if n <= 0 else _wilson_bounds(0.0, n, _z(confidence))[1]
 
 
 def samples_needed(interval: Interval, value: float, bound: float, cap: int = 100_000) -> int | None:
@@ -70,10 +136,38 @@ def samples_needed(interval: Interval, value: float, bound: float, cap: int = 10
 
 
 def with_needed(interval: Interval, value: float, minimum: float | None, maximum: float | None) -> Interval:
-    """Return interval with `needed` set for the bound it straddles (unchanged when it straddles none)."""
+    """Return interval with `needed` set for the bound it straddles (unchanged when it straddles none): exact
+    for a Wilson interval (proportion_needed), else from its half-width shrinking as 1/sqrt(n)."""
     for bound in (minimum, maximum):
-        if bound is not None and interval.low < bound < interval.high:
-            needed = samples_needed(interval, value, bound)
+        if bound is not None and interval.low <= bound <= interval.high and interval.low < interval.high:
+            needed = (proportion_needed(value, bound, interval.confidence) if interval.method == "wilson"
+                      else samples_needed(interval, value, bound))
+            if needed is not None:
+                needed = max(needed, interval.samples + 1)
             return Interval(interval.low, interval.high, interval.samples, interval.method, interval.confidence,
                             needed)
     return interval
+
+
+def unresolved(kpis: dict, limits: "list[Limit]") -> list[str]:
+    """Return one sentence per limit its KPI's interval straddles, saying how many samples could not resolve it
+    and about how many would (kpis["intervals"] gets `needed` set for those KPIs)."""
+    from harness.kpi import INTERVALS_KEY, check_all
+
+    sentences = []
+    for verdict in check_all(kpis, limits):
+        if not verdict.inconclusive or verdict.interval is None:
+            continue
+        lim = verdict.limit
+        interval = with_needed(verdict.interval, verdict.value, lim.minimum, lim.maximum)
+        kpis[INTERVALS_KEY][lim.kpi] = interval.as_dict()
+        if lim.kpi.endswith("_drop") and lim.maximum is not None:
+            what = f"a drop of {lim.maximum:g}"
+        else:
+            what = str(lim)
+        more = (f"about {interval.needed} are needed" if interval.needed is not None else
+                "no sample count resolves it (the value sits on the limit)")
+        sentences.append(f"inconclusive: {interval.samples} samples cannot resolve {what} ({lim.kpi} "
+                         f"{verdict.value:.4g}, {interval.confidence:.0%} interval [{interval.low:.4g}, "
+                         f"{interval.high:.4g}]); {more}")
+    return sentences

@@ -47,7 +47,9 @@ def _report(results, out, *args):
 
 def test_report_of_a_suite_run_is_self_contained_counts_the_steps_and_keeps_history(pytester, session_cache_dir):
     _cli_or_skip()
-    model = conv_classifier(pytester.path / "clf.onnx")
+    model = pytester.path / "clf.yaml"  # a drop limit its random-data evaluation decides (0.02 is inconclusive)
+    model.write_text(f"name: clf\npath: {conv_classifier(pytester.path / 'clf.onnx')}\n"
+                     "thresholds: {max_task_metric_drop: 0.2}\n")
     results, out = pytester.path / "allure-results", pytester.path / "report"
     _suite_run(pytester, session_cache_dir, model, results)
     proc = _report(results, out, "--name", "sm8650 sign-off")
@@ -123,6 +125,13 @@ def test_categories_match_the_harness_failure_messages():
     assert category("failed", "device sm8650-emu was taken out of the session after: not answering") == "Device fault"
     assert category("broken", "KeyError: 'x'") == "Device fault"
     assert category("failed", "float_baseline did not pass: max_abs_diff 0.1 > 1e-4") is None
+    # what harness.reporting gives an inconclusive step (Allure's status unknown) and a marginal pass
+    inconclusive = ("INCONCLUSIVE: ptq: inconclusive: 8 samples cannot resolve a drop of 0.02 (task_metric_drop "
+                    "0.125, 95% interval [0.02, 0.47]); about 190 are needed")
+    assert category("unknown", inconclusive) == "Inconclusive"
+    assert category("passed", "MARGINAL: PASS (marginal): htp_fraction = 0.999, rule htp_fraction >= 0.99") == \
+        "Marginal pass"
+    assert category("passed", "") is None
 
 
 def test_missing_results_are_a_clear_error(tmp_path):

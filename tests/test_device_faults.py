@@ -182,7 +182,14 @@ def test_a_device_failing_its_health_check_is_quarantined_and_skipped(pytester, 
         FIRST_STEPS[0], FIRST_STEPS[1], "-p", "no:cacheprovider", "--devices-file", str(devices), "--device", "emu",
         "--cache-dir", str(session_cache_dir), "--device-min-free-mb", "1e12", "--farm-state", str(state), "-rA")
     result.assert_outcomes(skipped=2)
+    # every test skipped, none failed: still not a pass, and the summary names the device and why
+    assert result.ret == 6, result.stdout.str()[-3000:]
     result.stdout.fnmatch_lines(["device emu (sm8650, emulator): quarantined: health check failed*",
+                                 "INCOMPLETE: device emu was out (quarantined: health check failed: free space: * MB "
+                                 "free in the work directory, needs at least 1e+12 MB): 2 requested step test(s) did "
+                                 "not run (conversion, feasibility); this is not a pass",
+                                 "exit status 6: no test failed, but a device that was out kept requested steps from "
+                                 "running",
                                  "SKIPPED*device emu was taken out of the session after: health check failed: "
                                  "free space: * MB free in the work directory, needs at least 1e+12 MB*"])
     assert json.loads(state.read_text())["devices"]["emu"]["reason"].startswith("health check failed: free space")
@@ -190,8 +197,31 @@ def test_a_device_failing_its_health_check_is_quarantined_and_skipped(pytester, 
         FIRST_STEPS[0], "-p", "no:cacheprovider", "--devices-file", str(devices), "--device", "emu",
         "--cache-dir", str(session_cache_dir), "--farm-state", str(state), "--unquarantine", "emu")
     released.assert_outcomes(passed=1)
+    assert released.ret == 0
     released.stdout.fnmatch_lines(["taken out of quarantine by --unquarantine: emu"])
     assert json.loads(state.read_text())["devices"] == {}
+
+
+def test_a_device_quarantined_in_the_farm_state_makes_an_xdist_run_incomplete(pytester, session_cache_dir, tmp_path):
+    """The only device quarantined by an earlier run: under pytest-xdist the workers skip its tests and report its
+    state; the controller's exit status is not 0 and its summary names the device and the reason."""
+    from harness.farm import FarmState
+
+    devices = write_devices_file(tmp_path / "devices.yaml", [{"id": "emu", "soc": "sm8650", "transport": "emulator"}])
+    state = tmp_path / "state.json"
+    FarmState(state).quarantine("emu", "3 step tests in a row failed with transport errors, last: usb reset")
+    kpi = tmp_path / "kpi.json"
+    result = pytester.runpytest_subprocess(
+        FIRST_STEPS[0], FIRST_STEPS[1], "-p", "no:cacheprovider", "--devices-file", str(devices), "--device", "emu",
+        "--cache-dir", str(session_cache_dir), "--farm-state", str(state), "--kpi-json", str(kpi), "-n", "2",
+        "--dist", "loadgroup")
+    result.assert_outcomes(skipped=2)
+    assert result.ret == 6, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(["device emu (sm8650, emulator): quarantined: 3 step tests in a row failed with "
+                                 "transport errors, last: usb reset (until *)",
+                                 "INCOMPLETE: device emu was out (quarantined: 3 step tests in a row failed with "
+                                 "transport errors, last: usb reset): 2 requested step test(s) did not run*"])
+    assert [d["status"] for d in json.loads(kpi.read_text())["devices"]] == ["quarantined"]
 
 
 def test_a_device_held_by_another_process_is_waited_for_then_named(pytester, session_cache_dir, tmp_path):

@@ -1,6 +1,8 @@
 """The emulated thermal and power model: NPU busy files drive power, HTP throttling with hysteresis,
 Android's thermal status and `dumpsys thermalservice`, trip points, battery status (real files, a fake
-clock where the model's time matters; dumpsys through a real EmulatorTransport and the emulated phone)."""
+clock where the model's time matters; dumpsys through a real EmulatorTransport and the emulated phone); the
+emulated HTP's modelled time (harness.emulator.device_time and the runner's EmulatedNpu) against published
+figures and the thermal model."""
 
 from __future__ import annotations
 
@@ -16,7 +18,9 @@ import pytest
 from harness.devices import EmulatorDevice, load_devices_file
 from harness.emulator.thermal import (BUSY_BACKLOG_MIN_S, NPU_DIR_ENV, ZONES, EmulatedSensors, ThermalParams,
                                       ThermalStatus, catalog_params)
+from harness.emulator.device_time import DISPATCH_MS, modelled_latency
 from harness.errors import ConfigError
+from harness.runner.device_runner import EmulatedNpu, modelled_count
 from harness.transports import open_transport
 from servers import ADB, adb_server, emulated_phone
 
@@ -379,3 +383,96 @@ def test_adb_shell_dumpsys_thermalservice_on_the_emulated_phone(tmp_path):
     assert "Thermal Status: 0" in out.splitlines()
     assert [line.split("mName=")[1].split(",")[0] for line in hal_temperatures(out)] == [z.type for z in ZONES]
     assert npu_dir == str(Path(os.path.realpath(tmp_path / "phone")) / "dev/harness-npu")
+
+
+# --------------------------------------------------------------------------- the modelled HTP time
+
+
+def mobilenet_v2(path: Path) -> Path:
+    """Write MobileNet-v2 (224x224, width 1.0, batch norm folded: Conv, Clip, Add, pool, Gemm) with random weights."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes, inits = [], [numpy_helper.from_array(np.array(0, np.float32), "zero"),
+                        numpy_helper.from_array(np.array(6, np.float32), "six")]
+
+    def conv(x: str, cin: int, cout: int, kernel: int, stride: int, group: int = 1, relu: bool = True) -> str:
+        k = len(nodes)
+        w = numpy_helper.from_array(rng.standard_normal((cout, cin // group, kernel, kernel)).astype(np.float32) * 0.1,
+                                    f"w{k}")
+        inits.extend([w, numpy_helper.from_array(np.zeros(cout, np.float32), f"b{k}")])
+        nodes.append(helper.make_node("Conv", [x, f"w{k}", f"b{k}"], [f"c{k}"], kernel_shape=[kernel] * 2,
+                                      strides=[stride] * 2, pads=[kernel // 2] * 4, group=group))
+        if not relu:
+            return f"c{k}"
+        nodes.append(helper.make_node("Clip", [f"c{k}", "zero", "six"], [f"r{k}"]))
+        return f"r{k}"
+
+    x, cin = conv("input", 3, 32, 3, 2), 32
+    for t, c, n, s in [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2),
+                       (6, 320, 1, 1)]:
+        for i in range(n):
+            stride = s if i == 0 else 1
+            h = x if t == 1 else conv(x, cin, cin * t, 1, 1)
+            h = conv(conv(h, cin * t, cin * t, 3, stride, group=cin * t), cin * t, c, 1, 1, relu=False)
+            if stride == 1 and cin == c:
+                nodes.append(helper.make_node("Add", [x, h], [h + "_add"]))
+                h += "_add"
+            x, cin = h, c
+    x = conv(x, 320, 1280, 1, 1)
+    inits += [numpy_helper.from_array(rng.standard_normal((1000, 1280)).astype(np.float32) * 0.01, "fc_w"),
+              numpy_helper.from_array(np.zeros(1000, np.float32), "fc_b")]
+    nodes += [helper.make_node("GlobalAveragePool", [x], ["pool"]), helper.make_node("Flatten", ["pool"], ["flat"]),
+              helper.make_node("Gemm", ["flat", "fc_w", "fc_b"], ["logits"], transB=1)]
+    graph = helper.make_graph(nodes, "mobilenet_v2",
+                              [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 224, 224])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 1000])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    return path
+
+
+def test_modelled_latency_of_mobilenet_v2_against_ai_hubs_published_figures(tmp_path, cache):
+    """The error device_time's docstring states: AI Hub's MobileNet-v2 w8a8 (perf.yaml, QAIRT 2.41, qnn_dlc) is
+    0.316 ms on a Galaxy S24 (sm8650), 0.222 ms on a Galaxy S25 (sm8750), 0.458 ms on the QCS8550 proxy (sm8550)."""
+    import numpy as np
+
+    from harness.steps.ptq import QuantRecipe, quantize
+
+    rng = np.random.default_rng(0)
+    qdq = quantize(mobilenet_v2(tmp_path / "mobilenet_v2.onnx"),
+                   [{"input": rng.random((1, 3, 224, 224), dtype=np.float32)} for _ in range(2)], QuantRecipe(), cache)
+    catalog = load_devices_file()
+    published_ms = {"sm8650": 0.316, "sm8750": 0.222, "sm8550": 0.458}
+    error = {soc: modelled_latency(qdq, catalog.soc(soc)).latency_ms / ms - 1 for soc, ms in published_ms.items()}
+    assert abs(error["sm8650"]) < 0.10, error  # the SoC DISPATCH_MS is calibrated on
+    assert all(abs(e) < 0.35 for e in error.values()), error
+    m = modelled_latency(qdq, catalog.soc("sm8650"))
+    assert m.dispatch_ms == DISPATCH_MS and m.estimate_ms == pytest.approx(m.latency_ms - DISPATCH_MS)
+    assert "memory-bound" in m.basis
+
+
+def test_the_runners_modelled_htp_is_busy_back_to_back_and_reads_the_throttle(tmp_path):
+    npu_dir = tmp_path / "npu"
+    npu_dir.mkdir()
+    (npu_dir / "throttle").write_text("1.5\n")
+    os.environ[NPU_DIR_ENV] = str(npu_dir)
+    try:
+        npu = EmulatedNpu.from_env(latency_s=0.001)
+    finally:
+        del os.environ[NPU_DIR_ENV]
+    assert npu.factor == 1.5 and npu.modelled_s(5.0) == pytest.approx(0.0015)  # the simulator's 5 s: not used
+    npu.account(5.0)  # one inference outside a loop: its modelled time, not the simulator's
+    assert npu.busy_s == pytest.approx(0.0015)
+    start = time.perf_counter()
+    npu.begin()
+    time.sleep(0.5)  # a loop whose simulator is slow or starved: the modelled HTP is busy all along
+    npu.end()
+    wall_s = time.perf_counter() - start
+    npu.close()
+    assert npu.busy_s == pytest.approx(0.0015 + wall_s, abs=0.02)
+    assert float((npu_dir / f"busy.{os.getpid()}").read_text()) == pytest.approx(npu.busy_s, abs=1e-5)
+    segments = npu.segments(start, start + wall_s)
+    assert modelled_count(segments) == pytest.approx(wall_s / 0.0015, rel=1e-6)
+    assert npu.time_of(start, 100) == pytest.approx(start + 0.15, rel=1e-9)

@@ -31,7 +31,17 @@ def by_step(records):
     return {r["step"]: r for r in records}
 
 
-SHORT_VALIDATION = ["--soak-duration", "12", "--cooldown-max-s", "20", "--energy-inferences", "1000"]
+def decided_clf(directory: Path) -> Path:
+    """conv_classifier's model as a spec whose task-metric-drop limit its random-data evaluation decides: at the
+    default 0.02 its 200-sample drop sits on the limit, an inconclusive PTQ (an outcome of its own, see
+    test_inconclusive_and_marginal_are_outcomes_of_their_own)."""
+    model = conv_classifier(directory / "clf.onnx")
+    spec = directory / "clf.yaml"
+    spec.write_text(f"name: clf\npath: {model}\nthresholds: {{max_task_metric_drop: 0.2}}\n")
+    return spec
+
+
+SHORT_VALIDATION = ["--soak-duration", "12", "--cooldown-max-s", "20", "--energy-inferences", "20000"]
 
 
 def test_default_run_onboards_the_zoo_model_and_writes_kpis(run_suites, pytester):
@@ -66,11 +76,11 @@ def test_default_run_onboards_the_zoo_model_and_writes_kpis(run_suites, pytester
     accuracy, soak = steps["validation_accuracy"]["kpis"], steps["sustained"]["kpis"]
     assert accuracy["samples"] == 360 and accuracy["task_metric_name"] == "top1_accuracy"
     assert accuracy["task_metric_drop"] <= 0.02 and accuracy["deployed_model"] == "ptq"
-    assert soak["telemetry_source"] == "emulated" and soak["latency_source"] == "simulator" and soak["windows"] >= 2
+    assert soak["telemetry_source"] == "emulated" and soak["latency_source"] == "emulated" and soak["windows"] >= 2
     assert soak["max_temp_zone"].startswith("nsph") and soak["thermal_status_max"] is not None
     assert 0 < soak["stability_pct"] <= 100 and soak["cooldown"]["reason"] in ("reached", "settled", "max_wait")
     energy, conc = steps["energy"]["kpis"], steps["concurrency"]["kpis"]
-    assert energy["power_source"] == "emulated" and energy["inferences"] == 1000 and energy["energy_per_inference_mj"] > 0
+    assert energy["power_source"] == "emulated" and energy["inferences"] == 20000 and energy["energy_per_inference_mj"] > 0
     assert conc["sessions"] == 2 and conc["errors"] == 0 and conc["latency_degradation"] > 0
     assert ("sustained soak_chart", "image/png") in attached and ("sustained samples_csv", "text/csv") in attached
     assert ("energy power_chart", "image/png") in attached and ("concurrency latency_chart", "image/png") in attached
@@ -140,7 +150,7 @@ def test_not_onnx_and_malformed_devices_file(run_suites, pytester):
 
 
 def test_allure_results_carry_parameters_steps_and_attachments(run_suites, pytester):
-    model = conv_classifier(pytester.path / "clf.onnx")
+    model = decided_clf(pytester.path)
     alluredir = pytester.path / "allure"
     result, _ = run_suites("--model", str(model), "--alluredir", str(alluredir), *SPINE)
     result.assert_outcomes(passed=4, deselected=ALL_STEPS - 4)
@@ -159,7 +169,7 @@ def test_allure_results_carry_parameters_steps_and_attachments(run_suites, pytes
 
 
 def test_xdist_keeps_each_target_on_one_worker(run_suites, pytester):
-    model = conv_classifier(pytester.path / "clf.onnx")
+    model = decided_clf(pytester.path)
     result, records = run_suites("--model", str(model), "--model", "digits_cnn", "-n", "2", "--dist", "loadgroup",
                                  "-v", *SPINE)
     result.assert_outcomes(passed=8)
@@ -172,7 +182,7 @@ def test_xdist_keeps_each_target_on_one_worker(run_suites, pytester):
 
 def test_htp_without_fp16_checks_placement_on_a_quantized_form(run_suites, pytester):
     """HTP v68 (QCS6490) has no FP16: the float graph is placed as its 8-bit QDQ form."""
-    model = conv_classifier(pytester.path / "clf.onnx")
+    model = decided_clf(pytester.path)
     result, records = run_suites("--device", "qcs6490", "--model", str(model), "-k", "(feasibility or ptq) and not llm")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["*HTP (v68) has no FP16: op placement was checked on an 8-bit QDQ form*"])
@@ -301,3 +311,111 @@ def test_device_of_an_unknown_soc_is_a_usage_error(run_suites, pytester):
     result.stderr.fnmatch_lines([f"*{farm}: invalid devices file*",
                                  "*devices[[]0] (next-gen): unknown SoC 'sm9999'*known SoCs: qcs6490, sa8295p, "
                                  "sm8450, sm8550, sm8650, sm8750*"])
+
+
+# --- marginal and inconclusive outcomes; one-line headlines ---------------------------------------------
+
+VERDICTS = '''
+import pytest
+from harness.kpi import Interval, Limit
+from harness.plugin import Outcome
+from harness.steps.report import StepReport
+
+
+@pytest.fixture(scope="session")
+def ptq():
+    """8 samples: a task_metric_drop of 0.125 whose interval straddles the 0.02 limit."""
+    interval = Interval(0.02, 0.47, 8, "bootstrap", needed=190)
+    kpis = {"task_metric_drop": 0.125, "cosine_similarity": 0.998,
+            "intervals": {"task_metric_drop": interval.as_dict()}}
+    return Outcome("ptq", StepReport("ptq", kpis=kpis, limits=[Limit("task_metric_drop", maximum=0.02)]))
+
+
+@pytest.mark.step("ptq")
+def test_ptq(target, check, ptq):
+    check(ptq)
+
+
+@pytest.mark.step("error_isolation")
+def test_error_isolation(target, check, ptq):
+    ptq.require()  # an inconclusive prerequisite does not stop its dependents
+    report = StepReport("error_isolation", kpis={"min_cosine_similarity": 0.9995},
+                        limits=[Limit("min_cosine_similarity", minimum=0.999)])
+    check(Outcome("error_isolation", report))
+
+
+@pytest.mark.step("feasibility")
+def test_feasibility(target, check):
+    nodes = "; ".join(f"If_{i} (If) in If_0/then_branch" for i in range(40))
+    report = StepReport("feasibility", kpis={"htp_fraction": 0.5}, limits=[Limit("htp_fraction", minimum=1.0)],
+                        failures=[f"40 node(s) cannot run on the HTP: {nodes}"])
+    check(Outcome("feasibility", report))
+'''
+
+
+def test_inconclusive_and_marginal_are_outcomes_of_their_own(pytester, session_cache_dir, monkeypatch):
+    import subprocess
+    import sys
+    import xml.etree.ElementTree as ET
+
+    pytester.makepyfile(test_verdicts=VERDICTS)
+    run = pytester.path / "run"
+    result = pytester.runpytest_subprocess(
+        "test_verdicts.py", "-k", "not feasibility", "-v", "-rA", "-p", "no:cacheprovider", "--device", "sm8650",
+        "--cache-dir", str(session_cache_dir), "--telemetry-interval", "0", "--kpi-json", str(run / "kpi.json"),
+        "--junitxml", str(run / "junit.xml"), "--alluredir", str(run / "allure-results"))
+    # no test failed, but a step is inconclusive: not a pass, so not exit status 0
+    assert result.ret == 7, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines([
+        "*test_ptq?sm8650-emu-digits_cnn? INCONCLUSIVE*",
+        "*test_error_isolation?sm8650-emu-digits_cnn? PASSED (marginal)*",
+        "*snapdragon harness*",
+        "  ptq * inconclusive * task_metric_drop 0.125 [[]0.02, 0.47[]], n=8",
+        "  error_isolation * marginal *",
+        "INCONCLUSIVE: 1 step(s): *re-run with more samples",
+        "  sm8650-emu x digits_cnn / ptq: INCONCLUSIVE: task_metric_drop = 0.125 [[]0.02, 0.47[]] (95% bootstrap, n=8),"
+        " rule task_metric_drop <= 0.02; about 190 samples are needed to resolve it",
+        "MARGINAL: 1 step(s) passed close to a limit",
+        "  sm8650-emu x digits_cnn / error_isolation: PASS (marginal): min_cosine_similarity = 0.9995, rule *",
+        "exit status 7: no test failed, but a step was inconclusive*",
+        "*1 passed, 1 deselected, 1 inconclusive*"])
+    records = {r["step"]: r for r in json.loads((run / "kpi.json").read_text())["records"]}
+    assert records["ptq"]["outcome"] == "inconclusive"
+    assert records["ptq"]["message"].startswith("ptq: INCONCLUSIVE: task_metric_drop = 0.125")
+    assert records["ptq"]["kpis"]["intervals"]["task_metric_drop"]["samples"] == 8
+    assert records["error_isolation"]["outcome"] == "passed"
+    assert records["error_isolation"]["marginal"] == [
+        "PASS (marginal): min_cosine_similarity = 0.9995, rule min_cosine_similarity >= 0.999"]
+    case = ET.parse(run / "junit.xml").getroot().find(".//testcase[@name='test_ptq[sm8650-emu-digits_cnn]']")
+    properties = {p.get("name"): p.get("value") for p in case.iter("property")}
+    assert properties["ptq.status"] == "inconclusive"
+    assert properties["ptq.task_metric_drop.interval"] == "[0.02, 0.47] (95% bootstrap, n=8)"
+    assert properties["ptq.reason"].startswith("ptq: INCONCLUSIVE") and "about 190 samples" in properties["ptq.reason"]
+    allure = {json.loads(p.read_text())["name"].split("[")[0]: json.loads(p.read_text())
+              for p in (run / "allure-results").glob("*-result.json")}
+    assert allure["test_ptq"]["status"] == "unknown"
+    assert allure["test_ptq"]["statusDetails"]["message"].startswith("INCONCLUSIVE: ptq: INCONCLUSIVE")
+    assert allure["test_error_isolation"]["status"] == "passed"
+    assert allure["test_error_isolation"]["statusDetails"]["message"].startswith("MARGINAL: PASS (marginal)")
+
+    # the sign-off: not GO, but RE-RUN, naming the step and what more it needs
+    signoff = subprocess.run([sys.executable, "-m", "harness", "signoff", str(run), "-o", str(pytester.path / "page")],
+                             capture_output=True, text=True, timeout=300)
+    assert signoff.returncode == 3, signoff.stdout + signoff.stderr
+    assert signoff.stdout.startswith("signoff: RE-RUN")
+    assert "- inconclusive: sm8650-emu / digits_cnn / ptq: ptq: INCONCLUSIVE" in signoff.stdout
+    assert "about 190 samples are needed" in signoff.stdout
+
+    # a failure: one headline line under 200 characters, what failed, the value, the rule; details below it
+    monkeypatch.setenv("COLUMNS", "300")  # the short summary's line is not cut to the terminal
+    failed = pytester.runpytest_subprocess(
+        "test_verdicts.py", "-k", "feasibility", "-p", "no:cacheprovider", "--device", "sm8650",
+        "--cache-dir", str(session_cache_dir), "--telemetry-interval", "0", "--kpi-json", str(run / "kpi.json"))
+    assert failed.ret == pytest.ExitCode.TESTS_FAILED
+    failed.stdout.fnmatch_lines(["FAILED*test_feasibility*feasibility did not pass: 40 node(s) cannot run on the HTP: "
+                                 "If_0 (If) in If_0/then_branch;* … (+1 more)"])
+    message = json.loads((run / "kpi.json").read_text())["records"][0]["message"]
+    head, *details = message.splitlines()
+    assert len(head) < 200 and head.startswith("feasibility did not pass: 40 node(s) cannot run on the HTP: If_0 (If)")
+    assert head.endswith("(+1 more)")
+    assert "If_39 (If)" in details[0] and details[1] == "  - FAIL: htp_fraction = 0.5, rule htp_fraction >= 1"

@@ -14,7 +14,7 @@ from harness.models import Thresholds, resolve_model
 from harness.profiling import ProfileFormatError, op_table, parse_profile_csv
 from harness.steps.profile import (DEVICE_RULE, EMULATOR_RULE, PROFILE_ITERATIONS, SIMULATOR_BUDGET_S,
                                    SIMULATOR_MIN_ITERATIONS, MeasureRule, default_rule, detailed_profile,
-                                   latency_stats, measure_latency, measure_sized, profile, sized_rule)
+                                   block_rule, latency_stats, measure_blocks, measure_latency, profile, sized_rule)
 from model_builders import conv_classifier
 from perf_helpers import random_feeds
 
@@ -57,14 +57,22 @@ def test_the_simulator_count_fits_the_budget(inference_s, count):
     assert ("instead of 20" in why) == (count < 20)
 
 
-def test_profile_sizes_its_count_on_the_simulator_from_the_warm_up(ctx, sm8650_runner):
-    rule = MeasureRule(20, 0.0, 3, budget_s=0.0)  # nothing fits the budget: the minimum count
-    timed, used, why = measure_sized(sm8650_runner, ctx.model, random_feeds(1)[0], rule)
-    assert timed.run.latency_source == "simulator" and timed.stats.iterations == SIMULATOR_MIN_ITERATIONS
-    assert used.min_iterations == SIMULATOR_MIN_ITERATIONS and "instead of 20" in why
-    explicit = MeasureRule(3, 0.0, 1)  # --min-iterations given: run as is, no probe session
-    timed, used, why = measure_sized(sm8650_runner, ctx.model, random_feeds(1)[0], explicit)
-    assert timed.stats.iterations == 3 and used == explicit and why is None
+def test_profile_sizes_its_count_on_the_simulator_from_the_warm_up_and_times_independent_blocks(ctx, sm8650_runner):
+    rule = MeasureRule(20, 0.0, 3, budget_s=0.0)  # nothing fits the budget: the minimum count, over the blocks
+    timed = measure_blocks(sm8650_runner, ctx.model, random_feeds(1)[0], rule, blocks=5)
+    assert [b.run.latency_source for b in timed.blocks] == ["simulator"] * 5
+    assert timed.rule == MeasureRule(1, 0.0, 0) and "instead of 20" in timed.sized_why  # 5 iterations, 1 per block
+    assert timed.stats.iterations == 5 == len(timed.medians_ms)
+    assert timed.emulated_ms is not None and len(timed.emulated_ms) == 5  # the emulated device's modelled time
+    explicit = MeasureRule(6, 0.0, 1)  # --min-iterations given: run as is, no probe session
+    timed = measure_blocks(sm8650_runner, ctx.model, random_feeds(1)[0], explicit, blocks=2)
+    assert timed.rule == MeasureRule(3, 0.0, 1) and timed.sized_why is None and timed.stats.iterations == 6
+
+
+def test_a_block_rule_shares_the_iterations_and_duration():
+    assert block_rule(MeasureRule(20, 1.0, 3), 5) == MeasureRule(4, 0.2, 3)
+    assert block_rule(MeasureRule(5, 0.0, 0), 5) == MeasureRule(1, 0.0, 0)
+    assert block_rule(MeasureRule(7, 0.0, 0), 5) == MeasureRule(2, 0.0, 0)  # at least the rule's count in all
 
 
 def test_the_runner_times_at_least_n_iterations_and_at_least_d_seconds(sm8650_runner, tmp_path):
@@ -155,7 +163,15 @@ def test_profile_step_reports_statistics_ops_charts_and_holds_the_budget(ctx, qd
                  Thresholds(latency_budget_ms=50.0), rule, tmp_path / "ok", "sm8650-emu x clf")
     k = ok.kpis
     assert k["latency_source"] == "simulator" and k["iterations"] >= 5 and k["peak_rss_mb"] > 0
-    assert k["iterations_reason"] == "the measurement rule (5 iterations at least)"
+    assert k["iterations_reason"] == "the measurement rule (1 iterations at least per block)"
+    # independent blocks: one median each, their spread, the interval of the median; the emulated device's time
+    assert len(k["latency_blocks_ms"]) == 5 and k["latency_noise_pct"] >= 0
+    assert k["intervals"]["latency_ms.p50"]["method"] == "repeats" and k["intervals"]["latency_ms.p50"]["samples"] == 5
+    assert k["device_latency_source"] == "emulated" and len(k["device_latency_blocks_ms"]) == 5
+    assert k["device_latency_ms"] > 0 and k["measurement_rule"].startswith("5 blocks (separate runner invocations)")
+    assert k["peak_rss_mb"] == max(k["peak_rss_blocks_mb"])
+    assert k["artifact_path"] == str(ctx.model) and k["artifact_key"] == ctx.directory.name
+    assert len(k["artifact_sha256"]) == 64
     assert k["latency_ms"]["min"] <= k["latency_ms"]["p50"] <= k["latency_ms"]["p99"] <= k["latency_ms"]["max"]
     assert k["per_op_source"] == "context_binary" and k["top_ops"][0]["share"] >= k["top_ops"][-1]["share"]
     assert k["estimated_latency_ms"] > 0 and k["budget_latency_ms"] == k["estimated_latency_ms"]

@@ -57,9 +57,13 @@ def _run_suites(where: Path, cache: Path, *args: str) -> Run:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory, session_cache_dir: Path) -> dict[str, Run]:
     base = tmp_path_factory.mktemp("signoff-runs")
-    model = conv_classifier(base / "clf.onnx")
+    onnx_model = conv_classifier(base / "clf.onnx")
+    # random data: a drop limit the evaluation's interval decides (at the default 0.02 it may be inconclusive)
+    model = base / "clf.yaml"
+    model.write_text(f"name: clf\npath: {onnx_model}\nthresholds: {{max_task_metric_drop: 0.2}}\n")
     strict = base / "clf_strict.yaml"
-    strict.write_text(f"name: clf_strict\npath: {model}\nthresholds: {{min_cosine_similarity: 0.99999}}\n")
+    strict.write_text(f"name: clf_strict\npath: {onnx_model}\n"
+                      "thresholds: {min_cosine_similarity: 0.99999, max_task_metric_drop: 0.2}\n")
     out = {
         "go": _run_suites(base / "go", session_cache_dir, "--device", "sm8650", "--model", str(model),
                           "--save-baseline", str(base / "baseline"), "-k", f"{SPINE3} or error_isolation or regression"),
@@ -217,6 +221,39 @@ def test_skipped_and_unrecorded_steps_are_not_run(runs, tmp_path):
     assert proc.returncode == 1
     assert "  - not run: sm8650-emu / clf / float_baseline: not run: no record of this step" in proc.stdout
     assert "  - not run: sm8650-emu / clf / concurrency: not run: no record of this step" in proc.stdout
+
+
+def test_inconclusive_step_is_a_reason_to_re_run_never_a_pass(runs, tmp_path):
+    """A step whose evidence could not decide a limit (as the plugin records it): RE-RUN naming the step and what
+    more it needs; beside a failure, one more reason of the NO-GO. A marginal pass passes, flagged."""
+    data = json.loads(runs["go"].kpi.read_text())
+    for r in data["records"]:
+        if r["step"] == "ptq":
+            r["kpis"].update(task_metric_drop=0.125, intervals={"task_metric_drop": {
+                "low": 0.02, "high": 0.47, "samples": 8, "method": "bootstrap", "confidence": 0.95, "needed": 190}})
+            r.update(outcome="inconclusive", message="ptq: inconclusive: 8 samples cannot resolve a drop of 0.02 "
+                     "(task_metric_drop 0.125, 95% interval [0.02, 0.47]); about 190 are needed (+1 more)\n"
+                     "  - INCONCLUSIVE: top1_agreement = 0.875 [0.53, 0.98] (95% wilson, n=8), rule >= 0.9")
+        if r["step"] == "feasibility":
+            r["marginal"] = ["PASS (marginal): htp_fraction = 0.991, rule htp_fraction >= 0.99"]
+    kpi = tmp_path / "kpi.json"
+    kpi.write_text(json.dumps(data))
+    proc = signoff(kpi, "-o", tmp_path / "rerun")
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("signoff: RE-RUN") and "nothing failed, but 1 step(s) were inconclusive" in lines[1]
+    assert lines[2] == ("  - inconclusive: sm8650-emu / clf / ptq: ptq: inconclusive: 8 samples cannot resolve a drop "
+                        "of 0.02 (task_metric_drop 0.125, 95% interval [0.02, 0.47]); about 190 are needed (+1 more)")
+    html = (tmp_path / "rerun" / "index.html").read_text()
+    assert 'data-verdict="RE-RUN"' in html and "Re-run needed: nothing failed, but 1 inconclusive step" in html
+    assert cells(html)["sm8650-emu/clf/ptq"] == "inconclusive" and cells(html)["sm8650-emu/clf/feasibility"] == "passed"
+    assert "Inconclusive steps: re-run with more samples" in html and "PASS · MARGINAL" in html
+    assert "0.125 [0.02, 0.47], n=8" in html  # the KPI with the interval it rests on
+    assert '<details class="why"><summary>ptq: inconclusive: 8 samples cannot resolve a drop' in html  # details: a click
+    proc = signoff(kpi, runs["fail"].kpi, "-o", tmp_path / "nogo")
+    assert proc.returncode == 1 and proc.stdout.startswith("signoff: NO-GO")
+    assert "  - inconclusive: sm8650-emu / clf / ptq: ptq: inconclusive: 8 samples" in proc.stdout
+    assert "  - failed: sm8650-emu / clf_strict / ptq: ptq did not pass" in proc.stdout
 
 
 def test_bad_inputs_exit_2_naming_the_file(runs, tmp_path):

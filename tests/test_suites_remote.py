@@ -15,7 +15,7 @@ from servers import ADB, SSHD, adb_server, emulated_phone, ssh_server, write_dev
 
 SUITES = Path(__file__).resolve().parent.parent / "suites"
 SMALL_RUN = ["--min-duration", "0.2", "--min-iterations", "3", "--warmup-iterations", "0",
-             "--soak-duration", "10", "--cooldown-max-s", "10", "--energy-inferences", "2000",
+             "--soak-duration", "10", "--cooldown-max-s", "10", "--energy-inferences", "20000",
              "--concurrency-duration", "4"]
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from accuracy_helpers import REPO, demo_onboarding
+from accuracy_helpers import DEMO_THRESHOLDS, REPO, demo_onboarding, demo_spec
 from harness.encodings import load_encodings
 from harness.models import Thresholds, resolve_model
 from harness.pipeline import Onboarding, Target
@@ -127,8 +127,9 @@ def concat_demo(tmp_path_factory, devices, sm8650_runner, cache):
     """The Concat-outlier model onboarded with --sweep off: mixed precision starts from PTQ's 8 bits."""
     path = build_concat_outlier_model(tmp_path_factory.mktemp("concat") / "concat_outlier.onnx")
     dev = devices.select(["sm8650-emu"])[0]
-    return Onboarding(Target(dev, devices.soc(dev.soc), resolve_model(str(path), {}, None)), sm8650_runner, cache,
-                      sw.AccuracyOptions(sweep="off"))
+    spec = resolve_model(str(path), {}, None)
+    spec = type(spec)(**{**spec.__dict__, "thresholds": DEMO_THRESHOLDS})
+    return Onboarding(Target(dev, devices.soc(dev.soc), spec), sm8650_runner, cache, sw.AccuracyOptions(sweep="off"))
 
 
 def test_promotion_units_tie_a_concat_its_inputs_and_shared_encodings(concat_demo):
@@ -178,7 +179,7 @@ def test_mixed_precision_recovers_a_concat_of_an_outlier_channel_by_promoting_th
 def run_accuracy_suites(pytester: pytest.Pytester, session_cache_dir: Path):
     """Run the PTQ and accuracy suites on a model in a subprocess; return (result, records by step)."""
     pytester.makeconftest('pytest_plugins = ["harness.plugin"]')
-    model = build_outlier_model(pytester.path / "outlier_cnn.onnx").path
+    model = demo_spec(build_outlier_model(pytester.path / "outlier_cnn.onnx").path)
 
     def _run(*args: str):
         kpi = pytester.path / "kpi.json"

@@ -27,8 +27,12 @@ with several threads sums into one file). The model writes::
     thermal_status  Android's thermal status now, 0 (NONE) .. 6 (SHUTDOWN)
     zone_status     one line per thermal_zone<N>, in order: "<Android Temperature type> <status>"
 
-While throttled, the runner stretches each inference by sleeping (factor - 1)·t and counts that
-time as busy.
+The runner keeps the emulated HTP's modelled time (EmulatedNpu in harness/runner/device_runner.py,
+harness.emulator.device_time): during a timed loop the modelled HTP is busy back to back on the wall clock,
+so it reports the loop's wall time as busy (u = 1 whatever the simulator's speed), and while throttled each
+modelled inference takes throttle times as long (modelled time; nothing sleeps). Over a soak's span of
+length T at throttle f, T / (latency x f) modelled inferences run and P = idle + (load - idle) / f, so the
+energy per inference above idle is (load - idle) x latency, throttled or not.
 
 The model
 ---------
@@ -65,7 +69,7 @@ and ``P = V·I``. When ``status`` reads "Charging" (a test may write it), a char
 ``CHARGER_CURRENT_A`` and current_now is the kernel's positive charging current, the charger's
 current minus the load's (``V = V0 + I·R_int``). The parameters live in the SoC catalog
 (``thermal:`` in harness/socs.yaml); they are round numbers chosen to look like a phone, **not
-measurements**, and host CPU work outside the runner's inferences does not heat the model.
+measurements**, and neither host CPU work outside the runner's loops nor the simulator's speed heats the model.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.kpi import Limit
+from harness.kpi import INTERVALS_KEY, Limit
 from harness.llm import convention
 from harness.llm.device import FloatJudge, device_generate, device_nll, host_nll, matched_prefix
 from harness.llm.text import TokenizedPrompt
@@ -24,6 +24,7 @@ from harness.models import Thresholds
 from harness.runner.client import DeviceRunner, latency_source
 from harness.steps.context_binary import ContextBinary
 from harness.steps.report import StepReport
+from harness.stats import unresolved, wilson
 
 GRAPHS = ("prefill", "decode")
 
@@ -131,11 +132,16 @@ def llm_accuracy(float_pair: Pair, quantized: dict[str, Pair], shipped: str, win
                   for r in rows},
         "source": latency_source("htp", runner.device_platform()[0]),
     }
+    # Wilson over the prompts' greedy tokens (agreement = agreeing tokens / all of them); tokens of one prompt are
+    # not independent (a prompt that leaves the float path early loses the rest), so this is the optimistic width
+    agreeing = sum(agreements[shipped]["agreeing_tokens"])
+    report.kpis[INTERVALS_KEY] = {"greedy_agreement": wilson(agreeing, len(prompts) * max_new).as_dict()}
     report.limits = [Limit("perplexity_increase", maximum=thresholds.max_perplexity_increase),
                      Limit("host_htp_perplexity_gap", maximum=thresholds.max_host_htp_perplexity_gap),
                      Limit("greedy_agreement", minimum=thresholds.min_greedy_agreement, marginal=0.0)]
     if thresholds.max_perplexity is not None:
         report.limits.append(Limit("perplexity_htp", maximum=thresholds.max_perplexity))
+    report.inconclusive.extend(unresolved(report.kpis, report.limits))
     report.tables["perplexity_by_recipe"] = rows
     ship_agreement = agreements[shipped]
     report.tables["generations"] = [

@@ -125,7 +125,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if getattr(config.option, "numprocesses", None) and not _is_xdist_worker(config):
         if not config.option.keep_device_files:
             for t in session.targets:  # connect, so that close() cleans what the workers left
-                session.pool.runner(t.device, session.devices)
+                try:
+                    session.pool.runner(t.device, session.devices)
+                except HarnessError:  # out of service (the summary said why): its files stay
+                    continue
     session.pool.close()
 
 
@@ -146,7 +149,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group(callspec.params["target"].device.id))
 
 
-@pytest.hookimpl(hookwrapper=True)
+# tryfirst: the outermost wrapper, so that allure-pytest has set the Allure result's status when it is flagged
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     outcome = yield
     report: pytest.TestReport = outcome.get_result()
@@ -157,19 +161,58 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     if report.when == "call" or (report.when == "setup" and not report.passed):
         target = callspec.params["target"]
         state = "error" if report.when == "setup" and report.failed else report.outcome
-        message = ""
+        message, marginal = "", []
         if report.skipped and isinstance(report.longrepr, tuple):
             message = str(report.longrepr[2])
         elif report.failed:
             message = str(getattr(report.longrepr, "reprcrash", None) and report.longrepr.reprcrash.message
                           or report.longreprtext.splitlines()[-1:] or "")
+        elif report.when == "call":
+            verdict = item.stash.get(_VERDICT_KEY, None)
+            if verdict is not None:
+                state = "inconclusive" if verdict.status == "inconclusive" else state
+                message, marginal = verdict.message, verdict.marginal
+                from harness.reporting import flag_allure_result
+
+                flag_allure_result(item.config, state, message, marginal)
         report.user_properties.append((RECORD_PROPERTY, {
             "device": target.device.id, "soc": target.soc.id, "model": target.model.name,
             "step": marker.args[0], "outcome": state, "kpis": item.stash.get(_KPIS_KEY, {}),
-            "message": re.sub(r"^(Failed|Skipped): ", "", message)}))
+            "message": re.sub(r"^(Failed|Skipped): ", "", message), "marginal": marginal}))
+
+
+def _record(report: pytest.TestReport) -> dict | None:
+    """Return the step record a test report carries (see RECORD_PROPERTY), or None."""
+    return next((value for name, value in report.user_properties if name == RECORD_PROPERTY), None)
+
+
+def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):  # type: ignore[no-untyped-def]
+    """An inconclusive step is its own category (I, INCONCLUSIVE), counted apart from passes and failures; a
+    marginal pass is a pass shown as M / PASSED (marginal)."""
+    if report.when != "call" or not report.passed:
+        return None
+    record = _record(report)
+    if record is None:
+        return None
+    if record["outcome"] == "inconclusive":
+        return "inconclusive", "I", ("INCONCLUSIVE", {"yellow": True})
+    if record.get("marginal"):
+        return "passed", "M", ("PASSED (marginal)", {"green": True})
+    return None
+
+
+@dataclass(frozen=True)
+class _StepVerdict:
+    """What the check fixture decided for a test that did not fail: its status, why (when inconclusive) and
+    the marginal passes."""
+
+    status: str
+    message: str
+    marginal: list[str]
 
 
 _KPIS_KEY = pytest.StashKey[dict]()
+_VERDICT_KEY = pytest.StashKey[_StepVerdict]()
 
 
 DEVICE_STATE_PROPERTY = "harness_device_state"
@@ -191,8 +234,13 @@ class _RecordCollector:
                 self.session.device_states[value["id"]] = value
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        if not hasattr(session.config, "workerinput"):
-            self.session.write_kpi_json()
+        from harness.summary import run_exit_status
+
+        if hasattr(session.config, "workerinput"):
+            return
+        self.session.write_kpi_json()
+        if session.exitstatus == pytest.ExitCode.OK:  # a failure's exit status (1) stays
+            session.exitstatus = run_exit_status(self.session.records, self.session.device_summary())
 
 
 @dataclass
@@ -213,11 +261,14 @@ class Outcome(Generic[T]):
         return self.value
 
     def require(self) -> T:
-        """Return the value for a dependent step, skipping that step when this one did not pass."""
+        """Return the value for a dependent step, skipping that step when this one failed (an inconclusive
+        step does not stop it: its KPIs are there, only the evidence could not decide a limit)."""
+        from harness.reasons import headline
+
         self.require_value()
         problems = getattr(self.value, "problems", lambda: [])()
         if problems:
-            pytest.skip(f"prerequisite step '{self.step}' did not pass: {problems[0]}")
+            pytest.skip(f"prerequisite step '{self.step}' did not pass: {headline(problems[0], 160)}")
         return self.value
 
 
@@ -252,7 +303,9 @@ def onboarding(target, harness_session):
     except DeviceQuarantinedError as e:
         pytest.skip(str(e))
     except HarnessError as e:
-        pytest.fail(f"device {target.device.id}: {e}", pytrace=False)
+        from harness.reasons import summarize
+
+        pytest.fail(summarize(f"device {target.device.id}", [str(e)]), pytrace=False)
 
 
 @pytest.fixture(scope="session")
@@ -294,10 +347,15 @@ def _harness_labels(request: pytest.FixtureRequest) -> None:
 
 def junit_properties(step: str, kpis: dict) -> list[tuple[str, Any]]:
     """Return the scalar KPIs (and one level of nested ones, e.g. latency_ms.p50) as (step.kpi, value) pairs
-    for --junitxml's <properties>."""
+    for --junitxml's <properties>; a KPI's confidence interval as (step.kpi.interval, '[low, high] (95%
+    method, n=N)')."""
+    from harness.kpi import INTERVALS_KEY, interval_of
+
     pairs = []
     for key, value in kpis.items():
-        if isinstance(value, (int, float, str, bool)) and not (isinstance(value, str) and len(value) > 200):
+        if key == INTERVALS_KEY and isinstance(value, dict):
+            pairs.extend((f"{step}.{k}.interval", str(interval_of(kpis, k))) for k in value if interval_of(kpis, k))
+        elif isinstance(value, (int, float, str, bool)) and not (isinstance(value, str) and len(value) > 200):
             pairs.append((f"{step}.{key}", value))
         elif isinstance(value, dict):
             pairs.extend((f"{step}.{key}.{k}", v) for k, v in value.items() if isinstance(v, (int, float, bool)))
@@ -306,7 +364,10 @@ def junit_properties(step: str, kpis: dict) -> list[tuple[str, Any]]:
 
 @pytest.fixture
 def check(request: pytest.FixtureRequest):
-    """check(outcome) -> StepReport: record KPIs, attach to Allure, fail on any broken limit."""
+    """check(outcome) -> StepReport: record KPIs, attach to Allure, fail on any broken limit; a step whose
+    evidence cannot decide a limit (and breaks none) is not failed but recorded `inconclusive`, and marginal
+    passes are recorded as such. A failure's message is a one-line headline over its details."""
+    from harness.reasons import headline, summarize
     from harness.reporting import attach_report
     from harness.session import json_safe
 
@@ -315,18 +376,27 @@ def check(request: pytest.FixtureRequest):
         callspec = getattr(request.node, "callspec", None)
         if hs is not None and callspec is not None and "target" in callspec.params:
             hs.pool.note_step(callspec.params["target"].device.id, outcome.error if outcome.transport_error else None)
+        properties = request.node.user_properties
         if outcome.error is not None:
-            pytest.fail(f"{outcome.step}: {outcome.error}", pytrace=False)
+            message = summarize(outcome.step, [outcome.error])
+            properties += [(f"{outcome.step}.status", "error"), (f"{outcome.step}.reason", headline(message))]
+            pytest.fail(message, pytrace=False)
         report = outcome.value
         request.node.stash[_KPIS_KEY] = json_safe(report.kpis)
-        for name, value in junit_properties(outcome.step, report.kpis):
-            request.node.user_properties.append((name, value))
+        status = report.status
+        properties += [*junit_properties(outcome.step, report.kpis), (f"{outcome.step}.status", status)]
         attach_report(report)
         for note in report.notes:
             warnings.warn(HarnessWarning(f"{outcome.step}: {note}"), stacklevel=2)
-        problems = report.problems()
+        problems, undecided = report.problems(), report.undecided()
+        message = (summarize(f"{outcome.step} did not pass", problems) if problems else
+                   summarize(outcome.step, undecided) if undecided else "")
+        if message:
+            properties.append((f"{outcome.step}.reason", headline(message)))
         if problems:
-            pytest.fail(f"{outcome.step} did not pass:\n  " + "\n  ".join(problems), pytrace=False)
+            pytest.fail(message, pytrace=False)
+        request.node.stash[_VERDICT_KEY] = _StepVerdict(status, message,
+                                                        [str(v) for v in report.verdicts if v.marginal])
         return report
 
     return _check

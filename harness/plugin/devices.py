@@ -11,6 +11,8 @@
 * The farm (harness.farm): each step test holds its device's lock while it runs; a device is
   health-checked before first use; quarantines go to --farm-state; the terminal summary lists the
   devices used and quarantined, and a table per device x model of each step's outcome and headline KPI.
+  A requested step that did not run because its device was out makes the run incomplete: the summary
+  names the device and why, and the exit status is not 0 (harness.summary.run_exit_status).
 """
 
 from __future__ import annotations
@@ -177,12 +179,26 @@ _REPORTED_KEY = pytest.StashKey[set]()
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:  # type: ignore[no-untyped-def]
-    """The farm summary (devices used and quarantined, and why) and a table per device x model."""
-    from harness.summary import device_lines, step_table
+    """The farm summary (devices used and quarantined, and why), a table per device x model, the inconclusive
+    steps and marginal passes, the devices that were out with the steps they kept from running, and why the
+    exit status is not 0 when no test failed (harness.summary)."""
+    from harness.summary import (EXIT_DEVICES_OUT, device_lines, incomplete_lines, run_exit_status, step_table,
+                                 verdict_lines)
 
     hs = config.stash.get(SESSION_KEY, None)
     if hs is None or hasattr(config, "workerinput") or not hs.records:
         return
+    verbose = config.get_verbosity()
+    devices = hs.device_summary()
     terminalreporter.write_sep("=", "snapdragon harness")
-    for line in [*device_lines(hs.device_summary(), hs.released), *step_table(hs.records)]:
+    for line in [*device_lines(devices, hs.released), *step_table(hs.records, verbose)]:
         terminalreporter.write_line(line)
+    for line in verdict_lines(hs.records, verbose):
+        terminalreporter.write_line(line, yellow=True)
+    for line in incomplete_lines(devices, hs.records):
+        terminalreporter.write_line(line, red=True)
+    status = run_exit_status(hs.records, devices) if exitstatus == pytest.ExitCode.OK else 0
+    if status:
+        why = ("a device that was out kept requested steps from running" if status == EXIT_DEVICES_OUT else
+               "a step was inconclusive: re-run it with more samples")
+        terminalreporter.write_line(f"exit status {status}: no test failed, but {why}", red=True)

@@ -9,6 +9,7 @@ from harness.plugin.option_types import bounded, seconds
 
 _count = bounded(int, 1, "a positive whole number of iterations")
 _warmup = bounded(int, 0, "a whole number of warm-up runs (0 or more)")
+_blocks = bounded(int, 1, "a positive whole number of measurement blocks")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -20,6 +21,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="profile step: and time for at least this long (default 1 s on the emulator, 10 s on devices)")
     group.addoption("--warmup-iterations", type=_warmup, default=None, metavar="N",
                     help="profile step: untimed runs first (default 3 on the emulator, 10 on devices)")
+    group.addoption("--latency-blocks", type=_blocks, default=None, metavar="N",
+                    help="profile step: time latency in N independent blocks, separate runner invocations that "
+                         "share the iterations (default 5); the regression gate compares block medians, so a "
+                         "baseline needs at least 4 to test a change")
 
 
 @pytest.fixture(scope="session")
@@ -39,13 +44,14 @@ def context_binary(onboarding, ptq) -> Outcome:
 @pytest.fixture(scope="session")
 def profile(onboarding, context_binary, pytestconfig: pytest.Config) -> Outcome:
     """Step 5 outcome (needs the compiled context binary)."""
-    from harness.steps.profile import default_rule
+    from harness.steps.profile import PROFILE_BLOCKS, default_rule
 
     context_binary.require_value()
     opt = pytestconfig.option
     rule = default_rule(onboarding.target.device.transport, opt.min_iterations, opt.min_duration,
                         opt.warmup_iterations)
-    return _outcome("profile", lambda: onboarding.profile(rule))
+    blocks = opt.latency_blocks or PROFILE_BLOCKS
+    return _outcome("profile", lambda: onboarding.profile(rule, blocks))
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,8 @@
   records arrive there through the test reports) one baseline file per device × model that ran a step,
   ``DIR/<device>/<model>.json`` (harness.baseline).
 * ``--baseline DIR``: the regression step (suite test_15_regression.py, run last) compares this run's
-  records of its device × model with DIR's file (harness.steps.regression); without the option, or without
+  records of its device × model with DIR's file (harness.steps.regression), with an interleaved A/B on the
+  device where the baseline's artifact is in the cache (harness.latency_ab); without the option, or without
   a file for the device × model, it is skipped saying why.
 """
 
@@ -28,8 +29,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="regression step: compare this run's KPIs with the baselines in DIR "
                          "(DIR/<device>/<model>.json, written by --save-baseline)")
     group.addoption("--save-baseline", default=None, metavar="DIR",
-                    help="at the end of the run, save each device x model's step outcomes and KPIs (with the raw "
-                         "latency samples) as DIR/<device>/<model>.json")
+                    help="at the end of the run, save each device x model's step outcomes and KPIs (with the latency "
+                         "blocks, noise floors and the artifact measured) as DIR/<device>/<model>.json")
 
 
 def _dir(value: str | None) -> Path | None:
@@ -71,8 +72,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     hs = config.stash.get(SESSION_KEY, None)
     if root is None or hs is None or hasattr(config, "workerinput"):
         return
-    if exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
-        reason = pytest.ExitCode(exitstatus).name.lower().replace("_", " ")
+    from harness.summary import EXIT_INCONCLUSIVE
+
+    if exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED, EXIT_INCONCLUSIVE):
+        reason = pytest.ExitCode(exitstatus).name.lower().replace("_", " ") if exitstatus in list(pytest.ExitCode) \
+            else "devices out"
         config.stash[_SAVE_ERROR_KEY] = (f"no baseline saved in {root}: the run ended with exit status "
                                          f"{int(exitstatus)} ({reason}), so earlier baselines are kept")
         return
@@ -100,11 +104,13 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:  #
 
 
 @pytest.fixture
-def regression(target, harness_session, pytestconfig: pytest.Config) -> Outcome:
+def regression(target, harness_session, pytestconfig: pytest.Config, request: pytest.FixtureRequest) -> Outcome:
     """The regression step's outcome: this run's records of the target against its baseline file (function
-    scope: it reads the records of the steps that ran before it). Skipped without --baseline, or when the
-    baseline directory has no file for this device x model."""
+    scope: it reads the records of the steps that ran before it), with an interleaved A/B on the target's
+    device where the baseline's artifact is in the cache. Skipped without --baseline, or when the baseline
+    directory has no file for this device x model."""
     from harness.baseline import baseline_path
+    from harness.latency_ab import Bench
     from harness.steps.regression import regression_against
 
     root = _dir(pytestconfig.option.baseline)
@@ -114,5 +120,7 @@ def regression(target, harness_session, pytestconfig: pytest.Config) -> Outcome:
     if not path.is_file():
         pytest.skip(f"no baseline for {target.device.id} x {target.model.name}: expected {path} "
                     f"(write it with --save-baseline {root})")
-    return _outcome(REGRESSION_STEP,
-                    lambda: regression_against(path, target, harness_session.records, harness_session.cache))
+    onboarding = request.getfixturevalue("onboarding")
+    bench = Bench(onboarding.runner, lambda: onboarding.dataset().evaluation[0], harness_session.cache.root)
+    return _outcome(REGRESSION_STEP, lambda: regression_against(path, target, harness_session.records,
+                                                                harness_session.cache, bench))

@@ -154,6 +154,7 @@ class SoakSpec:
     idle_s: float = 0.0
     warmup: int = 1
     thermal_status: bool = True  # read Android's thermal status with each sample (dumpsys: costly on a phone)
+    tail_s: float = 0.0  # keep sampling this long after the soak (phase "tail"): power readings lag the load
 
 
 @dataclass
@@ -174,6 +175,9 @@ class RunResult:
     system: str | None = None  # platform.system() there (Linux, Windows)
     runner: str = "python"  # 'python' (device_runner.py) or 'qnn-net-run'
     notes: list[str] = field(default_factory=list)  # what the runner could not report, e.g. no timings
+    # an emulated device's modelled time of each iteration_s iteration (harness.emulator.device_time), None on a
+    # real device: the `emulated` latency figure; iteration_s there is the HTP simulator's wall time
+    emulated_s: list[float] | None = None
 
     @property
     def latency_source(self) -> str:
@@ -318,11 +322,15 @@ class DeviceRunner:
         if spec.telemetry_interval_s > 0:
             paths = TelemetryPaths.for_transport(self.transport)
             argv += ["--telemetry_interval", repr(float(spec.telemetry_interval_s)), "--idle_s", repr(float(spec.idle_s)),
+                     "--tail_s", repr(float(spec.tail_s)),
                      "--thermal_dir", paths.thermal_dir, "--power_supply", paths.power_supply or "",
                      "--thermal_status",
                      "dumpsys" if spec.thermal_status and self.transport.platform == "android" else "none"]
-        budget_s = spec.duration_s + spec.idle_s + (spec.iterations * 60.0 if spec.iterations else 0.0)
-        return self._execute(model, runtime, argv, feeds, None, timeout_s=max(self.timeout_s, budget_s + 300.0))
+        # an emulated device's iterations are its modelled HTP's (milliseconds each), not the simulator's
+        per_iteration_s = 0.1 if "--emulated_latency_ms" in argv else 60.0
+        budget_s = spec.duration_s + spec.idle_s + spec.tail_s + spec.iterations * per_iteration_s
+        return self._execute(model, runtime, argv, feeds, None,
+                             timeout_s=max(self.timeout_s, min(budget_s, 7 * 86400.0) + 300.0))
 
     def concurrent(self, plans: list[tuple[Path, list[Feed]]], sessions: int, duration_s: float,
                    solo_duration_s: float, mode: str = "threads") -> RunResult:
@@ -336,6 +344,7 @@ class DeviceRunner:
         with tempfile.TemporaryDirectory(prefix="harness-also-") as tmp:
             for k, (other, other_feeds) in enumerate(others):
                 argv += ["--also", self.push_model(other), self.push_feeds(other_feeds, Path(tmp) / str(k))]
+        argv += self._emulated_argv([other for other, _ in others])
         argv += ["--sessions", str(sessions), "--concurrent_duration", repr(float(duration_s)),
                  "--solo_duration", repr(float(solo_duration_s)), "--concurrency_mode", mode]
         budget_s = duration_s + solo_duration_s * len(plans) + 60.0 * sessions
@@ -417,7 +426,9 @@ class DeviceRunner:
                          iteration_s=[float(t) for t in report.get("iteration_s") or []],
                          measured_s=float((report.get("measurement") or report.get("soak") or {}).get("duration_s", 0.0)),
                          peak_rss_mb=report.get("peak_rss_mb"), machine=report.get("machine"),
-                         system=report.get("system"))
+                         system=report.get("system"), notes=_emulated_notes(report),
+                         emulated_s=([float(t) for t in report["emulated_iteration_s"]]
+                                     if report.get("emulated_iteration_s") is not None else None))
 
     def _runner_argv(self, model: Path, runtime: str, *, allow_cpu_fallback: bool, placement_only: bool,
                      profiling_level: str, warmup: int, min_iterations: int, min_duration_s: float,
@@ -437,6 +448,17 @@ class DeviceRunner:
             argv.append("--allow_cpu_fallback")
         if placement_only:
             argv.append("--placement_only")
+        return argv if placement_only else argv + self._emulated_argv([model])
+
+    def _emulated_argv(self, models: list[Path]) -> list[str]:
+        """Return --emulated_latency_ms for each model (in order) on an emulated device, [] on a real one."""
+        if getattr(self.transport, "telemetry_source", "measured") != "emulated":
+            return []
+        from harness.emulator.device_time import modelled_latency
+
+        argv = []
+        for model in models:
+            argv += ["--emulated_latency_ms", repr(modelled_latency(Path(model), self.transport.soc).latency_ms)]
         return argv
 
     def _pull_report(self, remote_out: str, out_dir: Path, argv: list[str], result: CommandResult,
@@ -566,6 +588,15 @@ class DeviceRunner:
             raise RunnerError(f"qnn-net-run exited 0 but left no output directory: {e}",
                               device=self.transport.device_id, argv=argv, rc=result.rc,
                               stdout=result.stdout, stderr=result.stderr) from None
+
+
+def _emulated_notes(report: dict) -> list[str]:
+    """Return what an emulated device's runner report says about the basis of its modelled time."""
+    emulated = report.get("emulated")
+    if emulated and emulated.get("basis") == "simulator":
+        return ["the emulated HTP had no modelled latency (--emulated_latency_ms): its modelled time is the "
+                "simulator's, which follows the host's speed"]
+    return []
 
 
 def _qnn_refusal(runtime: str, feeds: list[Feed] | None, placement_only: bool, warmup: int,

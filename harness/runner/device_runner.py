@@ -26,14 +26,22 @@ Soak:    --soak_duration S (or --soak_iterations N) runs the inputs round-robin 
          every iteration. With --telemetry_interval the runner samples the device's thermal zones, battery
          (current_now, voltage_now, status) and, with --thermal_status dumpsys, Android's thermal status, in
          a thread on the same clock (`telemetry`: samples with the raw sysfs lines, the sampler's CPU time);
-         --idle_s S samples that long with the model loaded and idle before the soak (phase "idle").
+         --idle_s S samples that long with the model loaded and idle before the soak (phase "idle"), --tail_s S
+         that long after it (phase "tail": power readings lag the load).
 Concurrency: --sessions N with --concurrent_duration S runs N sessions at once (round-robin over --model and
          every --also MODEL INPUT_LIST), in threads of this process or (--concurrency_mode processes) in
          copies of this runner, after each model ran alone for --solo_duration S; `concurrency` reports each
          session's solo and concurrent latency, iterations and errors, and the aggregate throughput.
-Emulated devices: where HARNESS_EMULATED_NPU_DIR is set (only the harness's emulators set it) the runner
-         reports its inference busy time there and stretches inferences by the throttle factor the
-         emulated device writes (harness.emulator.thermal); on a real device nothing changes.
+Emulated devices: where HARNESS_EMULATED_NPU_DIR is set (only the harness's emulators set it) the runner keeps
+         a modelled device time (EmulatedNpu): each inference costs --emulated_latency_ms (the host's model,
+         harness.emulator.device_time) times the throttle factor the emulated thermal model writes; during a
+         timed loop the modelled HTP is busy back to back on the wall clock and that busy time goes to the
+         thermal model. The simulator still runs every inference (outputs, errors) and its times stay in
+         `iteration_s`; `emulated_iteration_s` holds the modelled time of each of those iterations, a soak's
+         `windows`/`iterations` and a concurrency run's `solo`/`concurrent` are the modelled HTP's (labelled
+         `latency_source: emulated`; the simulator's under `simulator_*`). Nothing sleeps to stretch a throttled
+         inference. `host` records the machine's 1-minute load average at start and end. On a real device
+         nothing changes (no emulated_* keys).
 Exit codes: 0 ok, 2 bad input or model, 3 runtime failure.
 """
 
@@ -50,7 +58,8 @@ import threading
 import time
 import traceback
 
-RUNNER_VERSION = "4"  # 2: the machine it ran on; 3: the nodes the HTP refused; 4: soak, telemetry, concurrency
+RUNNER_VERSION = "5"  # 2: the machine it ran on; 3: the nodes the HTP refused; 4: soak, telemetry, concurrency;
+# 5: an emulated device's modelled time (--emulated_latency_ms, emulated_iteration_s), the host's load
 
 
 class RunnerFailure(Exception):
@@ -85,6 +94,8 @@ def parse_args(argv):
     p.add_argument("--window_s", type=float, default=5.0, help="soak: window length for per-window statistics")
     p.add_argument("--idle_s", type=float, default=0.0, help="soak: sample telemetry this long, idle, first")
     p.add_argument("--telemetry_interval", type=float, default=0.0, help="soak: sample telemetry every S (0: off)")
+    p.add_argument("--tail_s", type=float, default=0.0,
+                   help="soak: keep sampling telemetry this long after the soak (phase 'tail'), for readings that lag")
     p.add_argument("--thermal_dir", default="/sys/class/thermal")
     p.add_argument("--power_supply", default="", help="battery directory (current_now, voltage_now, status)")
     p.add_argument("--thermal_status", choices=["none", "dumpsys"], default="none",
@@ -96,6 +107,10 @@ def parse_args(argv):
     p.add_argument("--solo_duration", type=float, default=0.0, help="concurrency: seconds each model runs alone first")
     p.add_argument("--concurrency_mode", choices=["threads", "processes"], default="threads")
     p.add_argument("--start_at", type=float, default=0.0, help=argparse.SUPPRESS)  # processes mode: start barrier
+    p.add_argument("--emulated_latency_ms", type=float, action="append", default=[],
+                   help="emulated devices only: the modelled latency of one inference of --model (then of each "
+                        "--also model, in order) on the emulated HTP; ignored on a real device")
+    p.add_argument("--emulated_share", type=float, default=1.0, help=argparse.SUPPRESS)  # processes mode: HTP share
     args = p.parse_args(argv)
     if args.soak_duration and args.soak_iterations:
         p.error("give --soak_duration or --soak_iterations, not both")
@@ -148,97 +163,284 @@ NPU_SYNC_S = 0.1
 
 
 class EmulatedNpu:
-    """The emulated device's side channel (HARNESS_EMULATED_NPU_DIR, set only by the harness's emulators).
+    """The emulated device's HTP (HARNESS_EMULATED_NPU_DIR, set only by the harness's emulators): a modelled time.
 
-    The runner adds each inference's time to its busy seconds, written to `busy.<pid>` at most every
-    NPU_SYNC_S (the emulated thermal model turns busy time into power), and reads `throttle`, the factor
-    by which the emulated HTP is slowed while it is above its trip point: each inference is stretched to
-    factor x its time (a sleep), as a throttled NPU takes longer. Thread-safe.
+    Each inference costs latency_s (--emulated_latency_ms: the host's model of this model on this SoC,
+    harness.emulator.device_time) times `throttle`, the factor the emulated thermal model writes (1 unless
+    throttled); the simulator still runs every inference for its outputs and errors, but its wall time is only
+    the `simulator` figure. While a timed loop runs (begin/end) the modelled HTP is busy back to back on the wall
+    clock, as a phone's NPU runs inferences back to back: a thread adds the loop's wall time (x share, the part
+    of a shared HTP that is this process's) to the busy seconds written to `busy.<pid>` every NPU_SYNC_S (the
+    thermal model turns them into power) and records each change of the throttle factor, so the modelled
+    inferences of a span are its length / (latency x factor), whatever the simulator's speed. A single inference
+    outside a loop adds its modelled time. Nothing sleeps: throttling changes modelled time, not wall time.
+    Without --emulated_latency_ms the simulator's own time stands in (basis "simulator"). Thread-safe.
     """
 
-    def __init__(self, directory):
+    def __init__(self, directory, latency_s=None, share=1.0):
         self.directory = directory
         self.path = os.path.join(directory, "busy.%d" % os.getpid())
+        self.latency_s = latency_s
+        self.share = share
         self.busy_s = 0.0
         self.factor = 1.0
-        self._next_sync = 0.0
+        self._active = 0
+        self._since = time.perf_counter()
+        self._sim_s = []  # simulator times, the stand-in latency without --emulated_latency_ms
         self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._read_throttle()
+        self.changes = [(self._since, self.factor)]  # (time.perf_counter(), throttle factor from then on)
+        self._thread = threading.Thread(target=self._tick, name="emulated-htp", daemon=True)
+        self._thread.start()
 
     @classmethod
-    def from_env(cls):
-        """Return the hooks of an emulated device, or None on a real one."""
+    def from_env(cls, latency_s=None, share=1.0):
+        """Return the modelled HTP of an emulated device, or None on a real one."""
         directory = os.environ.get(NPU_DIR_ENV)
-        return cls(directory) if directory and os.path.isdir(directory) else None
+        return cls(directory, latency_s, share) if directory and os.path.isdir(directory) else None
+
+    @property
+    def basis(self):
+        """Return what a modelled inference's time rests on: 'model' or 'simulator'."""
+        return "model" if self.latency_s is not None else "simulator"
+
+    def base_s(self):
+        """Return one unthrottled inference's modelled time."""
+        if self.latency_s is not None:
+            return self.latency_s
+        return sum(self._sim_s) / len(self._sim_s) if self._sim_s else NPU_SYNC_S
+
+    def modelled_s(self, elapsed_s):
+        """Note a simulator inference of elapsed_s; return its modelled time on the emulated HTP now."""
+        if self.latency_s is None:
+            self._sim_s.append(elapsed_s)
+        return self.base_s() * self.factor
 
     def account(self, elapsed_s):
-        """Account elapsed_s of inference; return the inference's time on the (possibly throttled) NPU."""
-        extra = (self.factor - 1.0) * elapsed_s
-        if extra > 0:
-            time.sleep(extra)
+        """Account one inference run outside a timed loop (a loop's HTP is busy all along); return its
+        modelled time."""
+        modelled = self.modelled_s(elapsed_s)
         with self._lock:
-            self.busy_s += elapsed_s + extra
-            now = time.monotonic()
-            if now >= self._next_sync:
-                self._next_sync = now + NPU_SYNC_S
-                self._sync()
-        return elapsed_s + extra
+            if not self._active:
+                self.busy_s += modelled * self.share
+        return modelled
 
-    def _sync(self):
-        tmp = "%s.%d.part" % (self.path, threading.get_ident())
+    def begin(self):
+        """Mark a timed loop as running: the modelled HTP is busy back to back from now."""
+        with self._lock:
+            self._accrue()
+            self._active += 1
+
+    def end(self):
+        """Mark a timed loop as finished."""
+        with self._lock:
+            self._accrue()
+            self._active = max(0, self._active - 1)
+        self.sync()
+
+    def _accrue(self):
+        now = time.perf_counter()
+        if self._active:
+            self.busy_s += (now - self._since) * self.share
+        self._since = now
+
+    def _tick(self):
+        while not self._stop.wait(NPU_SYNC_S):
+            self.sync()
+
+    def sync(self):
+        """Write the busy seconds and read the throttle factor (recording a change)."""
+        with self._lock:
+            self._accrue()
+            tmp = "%s.%d.part" % (self.path, threading.get_ident())
+            try:
+                with open(tmp, "w") as f:
+                    f.write("%.6f\n" % self.busy_s)
+                os.replace(tmp, self.path)
+            except OSError:
+                pass
+            before = self.factor
+            self._read_throttle()
+            if self.factor != before:
+                self.changes.append((time.perf_counter(), self.factor))
+
+    def _read_throttle(self):
         try:
-            with open(tmp, "w") as f:
-                f.write("%.6f\n" % self.busy_s)
-            os.replace(tmp, self.path)
             with open(os.path.join(self.directory, "throttle")) as f:
                 self.factor = max(1.0, float(f.read().strip() or 1.0))
         except (OSError, ValueError):
             pass
 
-    def close(self):
-        """Write the final busy time."""
+    def segments(self, t_start, t_end, base_s=None):
+        """Return [(start, end, modelled latency s)] of constant throttle covering [t_start, t_end)
+        (time.perf_counter() values), on a clock starting at t_start; base_s: the unthrottled latency."""
+        base_s = self.base_s() if base_s is None else base_s
         with self._lock:
-            self._sync()
+            changes = list(self.changes)
+        out = []
+        for k, (t, factor) in enumerate(changes):
+            a = max(t, t_start)
+            b = min(changes[k + 1][0] if k + 1 < len(changes) else t_end, t_end)
+            if b > a:
+                out.append((a - t_start, b - t_start, base_s * factor))
+        return out
+
+    def time_of(self, t_start, count, base_s=None):
+        """Return when (perf_counter) the count-th back-to-back modelled inference from t_start ends."""
+        base_s = self.base_s() if base_s is None else base_s
+        with self._lock:
+            changes = list(self.changes)
+        t, done = t_start, 0.0
+        for k, (_t, factor) in enumerate(changes):
+            seg_end = changes[k + 1][0] if k + 1 < len(changes) else float("inf")
+            if seg_end <= t:
+                continue
+            latency = base_s * factor
+            if done + (seg_end - t) / latency >= count:
+                return t + (count - done) * latency
+            done += (seg_end - t) / latency
+            t = seg_end
+        return t
+
+    def close(self):
+        """Stop the thread; write the final busy time."""
+        self._stop.set()
+        self._thread.join(timeout=2 * NPU_SYNC_S + 1)
+        self.sync()
+
+
+def modelled_count(segments):
+    """Return the number of back-to-back modelled inferences in segments (fractional)."""
+    return sum((b - a) / latency for a, b, latency in segments)
+
+
+def weighted_summary(pieces, span_s, base_s=None):
+    """Return latency_summary's fields (plus min_ms, p99_ms, std_ms, base_ms) of modelled inferences given as
+    (latency s, count) pieces over span_s seconds; throughput_ips is 1000 / mean_ms."""
+    pieces = sorted((lat * 1000.0, c) for lat, c in pieces if c > 0)
+    n = sum(c for _, c in pieces)
+    out = {"iterations": int(round(n)), "p50_ms": None, "p90_ms": None, "p99_ms": None, "mean_ms": None,
+           "max_ms": None, "min_ms": None, "std_ms": None, "throughput_ips": None,
+           "base_ms": base_s * 1000.0 if base_s is not None else None}
+    if not pieces:
+        return out
+
+    def at(index):
+        cum = 0.0
+        for value, c in pieces:
+            cum += c
+            if index < cum:
+                return value
+        return pieces[-1][0]
+
+    def quantile(q):
+        pos = max(0.0, (n - 1) * q / 100.0)
+        lo = int(pos)
+        return at(lo) + (at(lo + 1) - at(lo)) * (pos - lo)
+
+    mean = sum(v * c for v, c in pieces) / n
+    out.update(p50_ms=quantile(50), p90_ms=quantile(90), p99_ms=quantile(99), mean_ms=mean, max_ms=pieces[-1][0],
+               min_ms=pieces[0][0], std_ms=(sum(c * (v - mean) ** 2 for v, c in pieces) / n) ** 0.5,
+               throughput_ips=1000.0 / mean if mean else None)
+    return out
+
+
+def segment_pieces(segments, lo, hi):
+    """Return the (latency, count) pieces of the segments' inferences within [lo, hi)."""
+    pieces = []
+    for a, b, latency in segments:
+        overlap = min(b, hi) - max(a, lo)
+        if overlap > 0:
+            pieces.append((latency, overlap / latency))
+    return pieces
+
+
+def window_bounds(window_s, total_s):
+    """Return the [start, end) of each window of a run of total_s (a last window shorter than half a window
+    is folded into the one before it)."""
+    count = max(1, int(total_s // window_s))
+    if total_s - count * window_s >= window_s / 2:
+        count += 1
+    return [(k * window_s, min((k + 1) * window_s, total_s) if k < count - 1 else total_s) for k in range(count)]
+
+
+def segment_windows(segments, window_s, total_s, base_s=None):
+    """Return per-window statistics (window_stats' shape) of back-to-back modelled inferences."""
+    return [dict(index=k, t_start_s=lo, t_end_s=hi, **weighted_summary(segment_pieces(segments, lo, hi), hi - lo,
+                                                                         base_s))
+            for k, (lo, hi) in enumerate(window_bounds(window_s, total_s))]
 
 
 def timed_run(session, out_names, feed, npu):
-    """Run one inference; return (outputs, seconds it took on the device's NPU)."""
+    """Run one inference; return (outputs, the simulator's (or the device's) seconds for it)."""
     t = time.perf_counter()
     outs = session.run(out_names, feed)
     elapsed = time.perf_counter() - t
-    return outs, (npu.account(elapsed) if npu is not None else elapsed)
+    if npu is not None:
+        npu.account(elapsed)
+    return outs, elapsed
 
 
 def measure(session, out_names, feeds, min_iterations, min_duration_s, npu=None):
-    """Run feeds round-robin until both minimums are met; return (per-iteration seconds, loop seconds)."""
-    times = []
+    """Run feeds round-robin until both minimums are met; return (per-iteration seconds, loop seconds, per-iteration
+    modelled seconds on an emulated HTP, else None)."""
+    times, modelled = [], []
     clock = time.perf_counter
+    if npu is not None:
+        npu.begin()
     start = clock()
     i = 0
-    while i < min_iterations or clock() - start < min_duration_s:
-        times.append(timed_run(session, out_names, feeds[i % len(feeds)], npu)[1])
-        i += 1
-    return times, clock() - start
+    try:
+        while i < min_iterations or clock() - start < min_duration_s:
+            elapsed = timed_run(session, out_names, feeds[i % len(feeds)], npu)[1]
+            times.append(elapsed)
+            if npu is not None:
+                modelled.append(npu.modelled_s(elapsed))
+            i += 1
+    finally:
+        if npu is not None:
+            npu.end()
+    return times, clock() - start, (modelled if npu is not None else None)
 
 
 def soak(session, out_names, feeds, duration_s, iterations, npu, t0, errors=None):
-    """Run feeds round-robin for duration_s (or exactly `iterations` inferences); return (per-iteration
-    seconds, each iteration's end on the soak clock, which starts at t0 = time.perf_counter()). With an
-    errors list, a failed inference is counted there instead of raised."""
-    times, ends = [], []
+    """Run feeds round-robin for duration_s (or exactly `iterations` inferences: on an emulated HTP, until that
+    many modelled inferences have run, and at least one simulator inference); return (per-iteration seconds,
+    each iteration's end on the soak clock, which starts at t0 = time.perf_counter(), per-iteration modelled
+    seconds or None). With an errors list, a failed inference is counted there instead of raised."""
+    times, ends, modelled = [], [], []
     clock = time.perf_counter
     i = 0
-    while (i < iterations) if iterations else (clock() - t0 < duration_s):
-        feed = feeds[i % len(feeds)]
-        i += 1
-        try:
-            times.append(timed_run(session, out_names, feed, npu)[1])
-        except Exception as e:
-            if errors is None:
-                raise
-            errors.append("%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else ""))
-            continue
-        ends.append(clock() - t0)
-    return times, ends
+    if npu is not None:
+        npu.begin()
+    try:
+        while True:
+            if not iterations:
+                more = clock() - t0 < duration_s
+            elif npu is None:
+                more = i < iterations
+            else:
+                more = not times or clock() < npu.time_of(t0, iterations)
+            if not more:
+                break
+            feed = feeds[i % len(feeds)]
+            i += 1
+            try:
+                elapsed = timed_run(session, out_names, feed, npu)[1]
+            except Exception as e:
+                if errors is None:
+                    raise
+                errors.append("%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else ""))
+                continue
+            times.append(elapsed)
+            ends.append(clock() - t0)
+            if npu is not None:
+                modelled.append(npu.modelled_s(elapsed))
+    finally:
+        if npu is not None:
+            npu.end()
+    return times, ends, (modelled if npu is not None else None)
 
 
 def percentile(sorted_values, q):
@@ -262,13 +464,10 @@ def latency_summary(times_s, span_s):
 def window_stats(times, ends, window_s, total_s):
     """Return per-window statistics of the iterations ending in [k*window_s, (k+1)*window_s) (a last window
     shorter than half a window is folded into the one before it); throughput_ips is 1000 / mean_ms."""
-    count = max(1, int(total_s // window_s))
-    if total_s - count * window_s >= window_s / 2:
-        count += 1
-    bounds = [(k * window_s, min((k + 1) * window_s, total_s) if k < count - 1 else total_s) for k in range(count)]
+    bounds = window_bounds(window_s, total_s)
     groups = [[] for _ in bounds]
     for t, end in zip(times, ends):
-        k = min(int(end // window_s), count - 1)
+        k = min(int(end // window_s), len(bounds) - 1)
         groups[k].append(t)
     windows = []
     for k, ((lo, hi), group) in enumerate(zip(bounds, groups)):
@@ -408,38 +607,81 @@ def load_plan(np, ort, args, model, input_list, report):
     return session, out_names, [{n: _load_input(np, f, by_name[n]) for n, f in e.items()} for e in lines]
 
 
+def emulated_latencies(args, models):
+    """Return each model's modelled latency in s (--emulated_latency_ms, in --model then --also order), or None
+    where it was not given."""
+    given = args.emulated_latency_ms or []
+    return {model: (given[k] / 1000.0 if k < len(given) else None) for k, (model, _) in enumerate(models)}
+
+
+def shared_latency_s(latencies_s):
+    """Return one round of an HTP shared by sessions of these latencies (device_time.shared_latency_ms)."""
+    switch_s = CONTEXT_SWITCH_S * len(latencies_s) if len(latencies_s) > 1 else 0.0
+    return sum(latencies_s) + switch_s
+
+
+CONTEXT_SWITCH_S = 0.00001  # harness.emulator.device_time.CONTEXT_SWITCH_MS
+
+
 def run_concurrency(np, ort, args, npu, report):
     """Each model alone for --solo_duration, then --sessions sessions at once for --concurrent_duration;
-    return the `concurrency` report entry."""
+    return the `concurrency` report entry. On an emulated HTP each session's `solo` and `concurrent` are the
+    modelled figures (the sessions take turns on the one HTP) and `simulator_solo`/`simulator_concurrent` the
+    simulator's."""
     models = [(args.model, args.input_list)] + [tuple(pair) for pair in args.also]
     assign = [models[i % len(models)] for i in range(args.sessions)]
-    solo = {}
+    latencies = emulated_latencies(args, models)
+    solo, solo_sim = {}, {}
     plans = {}
     for model, input_list in models:
         session, out_names, feeds = load_plan(np, ort, args, model, input_list, {})
         if feeds:
             timed_run(session, out_names, feeds[0], npu)  # warm-up
         errors = []
+        if npu is not None:
+            npu.begin()
         t0 = time.perf_counter()
         times = session_loop(session, out_names, feeds, t0 + args.solo_duration, npu, errors)
-        solo[model] = dict(latency_summary(times, time.perf_counter() - t0), errors=len(errors))
+        t1 = time.perf_counter()
+        solo_sim[model] = dict(latency_summary(times, t1 - t0), errors=len(errors))
+        if npu is not None:
+            npu.end()
+            base = latencies[model] if latencies[model] is not None else _mean(times)
+            latencies[model] = base
+            segments = npu.segments(t0, t1, base)
+            solo[model] = dict(weighted_summary(segment_pieces(segments, 0.0, t1 - t0), t1 - t0, base),
+                               errors=len(errors))
+        else:
+            solo[model] = solo_sim[model]
         plans[model] = (session, out_names, feeds)
+    cycle = shared_latency_s([latencies[m] for m, _ in assign]) if npu is not None else None
     if args.concurrency_mode == "processes":
         plans.clear()  # each copy of the runner loads its own session
-        sessions = _concurrent_processes(args, assign)
+        sessions = _concurrent_processes(args, assign, latencies if npu is not None else None, cycle)
     else:
-        sessions = _concurrent_threads(np, ort, args, assign, plans, npu)
+        sessions = _concurrent_threads(np, ort, args, assign, plans, npu, cycle)
     for entry, (model, _) in zip(sessions, assign):
         entry["model"] = model
         entry["solo"] = solo[model]
+        if npu is not None:
+            entry["simulator_solo"] = solo_sim[model]
     span = max((e["span_s"] for e in sessions), default=0.0)
     total = sum(e["concurrent"]["iterations"] for e in sessions)
-    return {"mode": args.concurrency_mode, "sessions": sessions, "duration_s": span,
-            "solo_duration_s": args.solo_duration, "aggregate_throughput_ips": total / span if span > 0 else None,
-            "errors": sum(e["errors"] for e in sessions)}
+    out = {"mode": args.concurrency_mode, "sessions": sessions, "duration_s": span,
+           "solo_duration_s": args.solo_duration, "aggregate_throughput_ips": total / span if span > 0 else None,
+           "errors": sum(e["errors"] for e in sessions), "latency_source": "emulated" if npu is not None else None}
+    if npu is not None:
+        out["emulated"] = {"basis": npu.basis, "shared_latency_ms": cycle * 1000.0,
+                           "solo_latency_ms": {m: latencies[m] * 1000.0 for m, _ in models},
+                           "context_switch_ms": CONTEXT_SWITCH_S * 1000.0}
+    return out
 
 
-def _concurrent_threads(np, ort, args, assign, plans, npu):
+def _mean(values):
+    return sum(values) / len(values) if values else NPU_SYNC_S
+
+
+def _concurrent_threads(np, ort, args, assign, plans, npu, cycle):
     """Run one session per assignment in its own thread, all starting together."""
     loaded, reused = [], set()
     for model, input_list in assign:
@@ -464,15 +706,27 @@ def _concurrent_threads(np, ort, args, assign, plans, npu):
     threads = [threading.Thread(target=worker, args=(k,), daemon=True) for k in range(len(assign))]
     for t in threads:
         t.start()
-    until[0] = time.perf_counter() + args.concurrent_duration
+    if npu is not None:
+        npu.begin()
+    start = time.perf_counter()
+    until[0] = start + args.concurrent_duration
     barrier.wait()
     for t in threads:
         t.join()
+    end = time.perf_counter()
+    if npu is not None:
+        npu.end()
+        pieces = segment_pieces(npu.segments(start, end, cycle), 0.0, end - start)
+        for entry in results:  # round-robin on one HTP: every session completes one inference per round
+            entry["simulator_concurrent"] = entry["concurrent"]
+            entry["concurrent"] = weighted_summary(pieces, end - start, cycle)
+            entry["simulator_span_s"], entry["span_s"] = entry["span_s"], end - start
     return results
 
 
-def _concurrent_processes(args, assign):
-    """Run one copy of this runner per assignment, each with one session, released at one start time."""
+def _concurrent_processes(args, assign, latencies, cycle):
+    """Run one copy of this runner per assignment, each with one session, released at one start time (on an
+    emulated HTP each copy models its turn on the shared HTP: latency one round, busy its share of it)."""
     start_at = time.monotonic() + max(5.0, 2.0 * len(assign))
     procs = []
     for k, (model, input_list) in enumerate(assign):
@@ -485,6 +739,8 @@ def _concurrent_processes(args, assign):
                 argv += ["--" + name, str(getattr(args, name))]
         if args.allow_cpu_fallback:
             argv.append("--allow_cpu_fallback")
+        if latencies is not None:
+            argv += ["--emulated_latency_ms", repr(cycle * 1000.0), "--emulated_share", repr(latencies[model] / cycle)]
         procs.append((k, out, subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)))
     results = []
     for k, out, proc in procs:
@@ -498,14 +754,20 @@ def _concurrent_processes(args, assign):
         times = child.get("iteration_s") or []
         span = soaked.get("duration_s") or 0.0
         errors = list(soaked.get("errors") or []) + ([child["error"]] if child.get("error") else [])
-        results.append({"index": k, "concurrent": latency_summary(times, span), "span_s": span,
-                        "errors": len(errors), "first_error": errors[0] if errors else None, "pid": proc.pid})
+        entry = {"index": k, "concurrent": latency_summary(times, span), "span_s": span,
+                 "errors": len(errors), "first_error": errors[0] if errors else None, "pid": proc.pid}
+        if latencies is not None:
+            entry["simulator_concurrent"] = entry["concurrent"]
+            entry["concurrent"] = soaked.get("emulated_summary") or weighted_summary([], span, cycle)
+        results.append(entry)
     return results
 
 
 def run_soak(session, out_names, feeds, args, npu, report):
     """The soak: (with telemetry) an idle phase of --idle_s, then the timed soak; fills report's `soak`,
-    `iteration_s`, `iteration_end_s` and `telemetry`."""
+    `iteration_s`, `iteration_end_s`, `emulated_iteration_s` (on an emulated HTP) and `telemetry`. On an
+    emulated HTP the soak's windows and iterations are the modelled HTP's (back to back over the soak's wall
+    time); `simulator_windows` are the simulator's."""
     sampler = None
     t0 = time.perf_counter() + (args.idle_s if args.telemetry_interval > 0 else 0.0)
     if args.telemetry_interval > 0:
@@ -518,16 +780,39 @@ def run_soak(session, out_names, feeds, args, npu, report):
     if sampler is not None:
         sampler.phase = "soak"
     errors = [] if args.start_at else None
-    times, ends = soak(session, out_names, feeds, args.soak_duration, args.soak_iterations, npu, t0, errors)
+    times, ends, modelled = soak(session, out_names, feeds, args.soak_duration, args.soak_iterations, npu, t0, errors)
     total = time.perf_counter() - t0
+    if sampler is not None and args.tail_s > 0:
+        sampler.phase = "tail"
+        time.sleep(args.tail_s)
     report["iteration_s"] = times
     report["iteration_end_s"] = ends
+    windows = window_stats(times, ends, args.window_s, total)
     report["soak"] = {"duration_s": total, "iterations": len(times), "window_s": args.window_s,
                       "requested_duration_s": args.soak_duration, "requested_iterations": args.soak_iterations,
-                      "windows": window_stats(times, ends, args.window_s, total), "errors": errors or [],
+                      "windows": windows, "errors": errors or [], "latency_source": None,
                       "throttle_factor_last": npu.factor if npu is not None else None}
+    if npu is not None:
+        end = min(npu.time_of(t0, args.soak_iterations), t0 + total) if args.soak_iterations else t0 + total
+        span = end - t0
+        segments = npu.segments(t0, end)
+        report["emulated_iteration_s"] = modelled
+        report["soak"].update(
+            duration_s=span, iterations=int(round(modelled_count(segments))), latency_source="emulated",
+            windows=segment_windows(segments, args.window_s, span, npu.base_s()),
+            emulated_summary=weighted_summary(segment_pieces(segments, 0.0, span), span, npu.base_s()),
+            throttle=[[round(a, 4), round(lat / npu.base_s(), 4)] for a, _b, lat in segments],
+            simulator_windows=windows, simulator_duration_s=total, simulator_iterations=len(times))
     if sampler is not None:
         report["telemetry"] = sampler.stop()
+
+
+def host_load():
+    """Return the 1-minute load average of the machine the runner runs on, or None where it cannot be read."""
+    try:
+        return round(os.getloadavg()[0], 3)
+    except (AttributeError, OSError):
+        return None
 
 
 def _sanitize(name):
@@ -698,7 +983,13 @@ def main(argv=None):
               "machine": platform.machine(), "system": platform.system()}
     report_path = os.path.join(args.output_dir, "runner_report.json")
     code = 0
-    npu = EmulatedNpu.from_env()
+    latency_ms = args.emulated_latency_ms[0] if args.emulated_latency_ms else None
+    npu = EmulatedNpu.from_env(latency_ms / 1000.0 if latency_ms is not None else None, args.emulated_share)
+    report["host"] = {"cpu_count": os.cpu_count(), "loadavg_1m": [host_load()]}
+    if npu is not None:
+        report["emulated"] = {"latency_ms": npu.base_s() * 1000.0 if latency_ms is not None else None,
+                              "basis": npu.basis, "share": args.emulated_share, "throttle_start": npu.factor}
+        report["emulated_iteration_s"] = []
     try:
         import numpy as np
         import onnxruntime as ort
@@ -742,8 +1033,11 @@ def main(argv=None):
             report["inference_s"] = times
             report["outputs"] = outputs_meta
             if feeds and (args.min_iterations > 0 or args.min_duration > 0):
-                loop, loop_s = measure(session, out_names, feeds, args.min_iterations, args.min_duration, npu)
+                loop, loop_s, modelled = measure(session, out_names, feeds, args.min_iterations,
+                                                 args.min_duration, npu)
                 report["iteration_s"] = loop
+                if modelled is not None:
+                    report["emulated_iteration_s"] = modelled
                 report["measurement"] = {"warmup": args.warmup, "min_iterations": args.min_iterations,
                                          "min_duration_s": args.min_duration, "iterations": len(loop),
                                          "duration_s": loop_s}
@@ -759,6 +1053,8 @@ def main(argv=None):
         report["traceback"] = traceback.format_exc()
     if npu is not None:
         npu.close()
+        report["emulated"]["busy_s"] = npu.busy_s
+    report["host"]["loadavg_1m"].append(host_load())
     report["peak_rss_mb"] = peak_rss_mb()
     with open(report_path + ".part", "w") as f:
         json.dump(report, f, indent=1)

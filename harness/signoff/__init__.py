@@ -8,8 +8,11 @@ device x model with baseline deltas, the charts the steps attached, the devices'
 run's environment.
 
 GO only when no step failed or errored, no KPI regressed against its baseline (the regression step), no
-device is quarantined or unhealthy, and every expected step ran (not skipped) on every device x model.
-Exit codes: 0 GO, 1 NO-GO, 2 bad input (no results, an unreadable KPI JSON or Allure result).
+device is quarantined or unhealthy, and every expected step ran (not skipped) and was decided on every
+device x model. An inconclusive step (its evidence could not decide a limit) is never a pass: with no other
+reason the verdict is RE-RUN, naming each step and the samples it needs; with others, one more NO-GO reason.
+Marginal passes (close to a limit) pass, flagged on the page.
+Exit codes: 0 GO, 1 NO-GO, 2 bad input (no results, an unreadable KPI JSON or Allure result), 3 RE-RUN.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from harness.signoff.page import PageContext, render_page
 from harness.signoff.verdict import ReleaseVerdict, decide
 
 DEFAULT_TITLE = "Snapdragon onboarding sign-off"
-EXIT_GO, EXIT_NO_GO, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_GO, EXIT_NO_GO, EXIT_BAD_INPUT, EXIT_RE_RUN = 0, 1, 2, 3
 
 __all__ = ["Signoff", "SignoffInputError", "build_signoff", "add_parser", "main"]
 
@@ -43,8 +46,8 @@ class Signoff:
 
     @property
     def exit_code(self) -> int:
-        """Return 0 for GO, 1 for NO-GO."""
-        return EXIT_GO if self.verdict.go else EXIT_NO_GO
+        """Return 0 for GO, 3 for RE-RUN, 1 for NO-GO."""
+        return EXIT_GO if self.verdict.go else EXIT_RE_RUN if self.verdict.rerun else EXIT_NO_GO
 
 
 def build_signoff(results: list[Path], out: Path, title: str = DEFAULT_TITLE, expect: str = "seen") -> Signoff:
@@ -77,13 +80,16 @@ def summary_lines(signoff: Signoff) -> list[str]:
             f"{len(signoff.verdict.expected_steps)} step(s) -> {signoff.index_html}")
     if signoff.verdict.go:
         return [head, "  every expected step passed; no regressions, quarantined devices or steps not run"]
+    if signoff.verdict.rerun:
+        return [head, f"  nothing failed, but {len(signoff.verdict.reasons)} step(s) were inconclusive: re-run them "
+                      "with the samples named:", *(f"  - {r.describe()}" for r in signoff.verdict.reasons)]
     return [head, f"  {len(signoff.verdict.reasons)} reason(s):",
             *(f"  - {r.describe()}" for r in signoff.verdict.reasons)]
 
 
 def add_parser(subparsers) -> None:
     """Register the signoff sub-command."""
-    p = subparsers.add_parser("signoff", help="build the release sign-off page (GO / NO-GO) of one or several runs",
+    p = subparsers.add_parser("signoff", help="build the release sign-off page (GO / RE-RUN / NO-GO) of runs",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("results", type=Path, nargs="+", metavar="RESULTS",
                    help="a --kpi-json file, an --alluredir directory, or a directory holding kpi.json and "
@@ -97,7 +103,7 @@ def add_parser(subparsers) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Build the page; print the verdict and its reasons; return 0 (GO), 1 (NO-GO) or 2 (bad input)."""
+    """Build the page; print the verdict and its reasons; return 0 (GO), 1 (NO-GO), 2 (bad input) or 3 (RE-RUN)."""
     try:
         signoff = build_signoff(args.results, args.output, args.name, args.expect_steps)
     except HarnessError as e:

@@ -46,7 +46,7 @@ MAIN_KPIS: dict[str, tuple[str, ...]] = {
     "genie_stress": ("queries", "errors", "rss_growth_mb", "tokens_per_s_mean", "last_round_vs_first_tokens_per_s",
                      "source"),
 }
-_SKIP = {"telemetry", "verdicts"}
+_SKIP = {"telemetry", "verdicts", "intervals"}
 MAX_GENERIC_KPIS = 12
 
 
@@ -121,14 +121,23 @@ def _item_text(item: Any, depth: int) -> str:
 
 
 def headline(message: str) -> str:
-    """Return a step message's first line; a line ending in ':' ('ptq did not pass:') takes the next lines along."""
+    """Return a step message's headline: its first line, under 200 characters (harness.reasons.headline); a
+    line ending in ':' (an older run's 'ptq did not pass:') takes the next lines along."""
+    from harness.reasons import headline as cut
+
     lines = [line.strip() for line in (message or "").splitlines() if line.strip()]
     if not lines:
         return ""
     lines[0] = _PYTEST_PREFIX.sub("", lines[0])  # pytest's 'Failed: ' of pytest.fail messages
     if lines[0].endswith(":") and len(lines) > 1:
-        return f"{lines[0]} {'; '.join(lines[1:4])}"
-    return lines[0]
+        return cut(f"{lines[0]} {'; '.join(lines[1:4])}")
+    return cut(lines[0])
+
+
+def details(message: str) -> str:
+    """Return what a step message says beyond its headline ('' when the headline is all of it)."""
+    text = message_text(message)
+    return "" if headline(text) == text else text
 
 
 def message_text(message: str) -> str:

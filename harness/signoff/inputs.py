@@ -12,9 +12,10 @@ from typing import Any, Iterable
 from harness.allure_report import read_result_files, result_parameters, tool_versions
 from harness.errors import HarnessError
 
-OUTCOMES = ("passed", "failed", "error", "skipped")
+OUTCOMES = ("passed", "inconclusive", "failed", "error", "skipped")
 NOT_RUN = "not run"
 _ALLURE_STATUS = {"passed": "passed", "failed": "failed", "broken": "error", "skipped": "skipped"}
+_INCONCLUSIVE, _MARGINAL = "INCONCLUSIVE: ", "MARGINAL: "  # the status messages harness.reporting gives them
 _STEP_PREFIX = "onboarding step: "
 _ENV_KEYS = {"harness": "harness_version", "onnxruntime-qnn": "onnxruntime_qnn", "qnn-sdk": "qnn_sdk"}
 
@@ -33,7 +34,8 @@ class Chart:
 
 @dataclass(frozen=True)
 class StepResult:
-    """One device x model x step: its outcome, message and KPIs, where it came from, and its charts."""
+    """One device x model x step: its outcome (passed, inconclusive, failed, error, skipped), message (a headline
+    line over details) and KPIs, where it came from, its charts, and the limits it passed only marginally."""
 
     device: str
     soc: str
@@ -45,6 +47,7 @@ class StepResult:
     source: str
     charts: tuple[Chart, ...] = ()
     finished_ms: int = 0  # the Allure result's stop time (orders retries); 0 for KPI JSON records
+    marginal: tuple[str, ...] = ()  # verdicts of the limits passed close to a bound
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -158,7 +161,7 @@ def _combine(kpi: StepResult | None, allure: StepResult | None) -> StepResult:
     if allure is None:
         return kpi
     return replace(kpi, charts=allure.charts, message=kpi.message or allure.message,
-                   kpis=kpi.kpis or allure.kpis, soc=kpi.soc or allure.soc)
+                   kpis=kpi.kpis or allure.kpis, soc=kpi.soc or allure.soc, marginal=kpi.marginal or allure.marginal)
 
 
 @dataclass(frozen=True)
@@ -268,8 +271,9 @@ def _kpi_record(path: Path, index: int, rec: Any) -> StepResult:
     if outcome not in OUTCOMES:
         raise SignoffInputError(f"{path}: record {index} has outcome {outcome!r}, not one of {', '.join(OUTCOMES)}")
     kpis = rec.get("kpis") if isinstance(rec.get("kpis"), dict) else {}
+    marginal = tuple(str(v) for v in rec.get("marginal") or [] if v)
     return StepResult(str(rec["device"]), str(rec.get("soc") or ""), str(rec["model"]), str(rec["step"]), outcome,
-                      str(rec.get("message") or ""), kpis, str(path))
+                      str(rec.get("message") or ""), kpis, str(path), marginal=marginal)
 
 
 def _device_state(path: Path, d: dict[str, Any]) -> DeviceState:
@@ -310,12 +314,17 @@ def _allure_record(results: Path, path: Path, result: dict[str, Any], names: dic
         return None
     outcome = _ALLURE_STATUS.get(str(result.get("status")), "error")
     message = str((result.get("statusDetails") or {}).get("message") or "")
+    marginal: tuple[str, ...] = ()
+    if message.startswith(_INCONCLUSIVE) and result.get("status") == "unknown":
+        outcome, message = "inconclusive", message[len(_INCONCLUSIVE):]
+    elif message.startswith(_MARGINAL) and outcome == "passed":
+        marginal, message = tuple(message[len(_MARGINAL):].splitlines()), ""
     attachments = list(_attachments(result))
     kpis = _kpi_attachment(results, step, attachments)
     charts = tuple(Chart(str(a.get("name") or "chart"), _read_attachment(results, a)) for a in attachments
                    if a.get("type") == "image/png" and _attachment_path(results, a).is_file())
     return StepResult(params["device"], soc, params["model"], step, outcome, message, kpis, str(path.parent), charts,
-                      int(result.get("stop") or result.get("start") or 0))
+                      int(result.get("stop") or result.get("start") or 0), marginal)
 
 
 def _allure_step(result: dict[str, Any]) -> str | None:

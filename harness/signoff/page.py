@@ -8,17 +8,21 @@ from dataclasses import dataclass
 from html import escape
 from typing import Any, Iterable
 
+from harness.kpi import INTERVALS_KEY, Interval, interval_of, kpi_value
 from harness.signoff import format as fmt
 from harness.signoff.inputs import NOT_RUN, RunInfo, RunSet, StepResult
 from harness.signoff.verdict import REGRESSION_STEP, KpiDelta, Reason, ReleaseVerdict
 
-BADGES = {"passed": ("pass", "PASS"), "failed": ("fail", "FAIL"), "error": ("error", "ERROR"),
+BADGES = {"passed": ("pass", "PASS"), "marginal": ("marginal", "PASS · MARGINAL"),
+          "inconclusive": ("inconclusive", "INCONCLUSIVE"), "failed": ("fail", "FAIL"), "error": ("error", "ERROR"),
           "skipped": ("skip", "SKIP"), NOT_RUN: ("notrun", "NOT RUN")}
 REASON_TITLES = {"failed": "Failed steps", "regression": "Regressions against the baseline",
-                 "quarantined": "Quarantined devices", "not_run": "Steps not run"}
+                 "quarantined": "Quarantined devices", "not_run": "Steps not run",
+                 "inconclusive": "Inconclusive steps: re-run with more samples"}
 REASON_NOUNS = {"failed": ("failed step", "failed steps"), "regression": ("regressed KPI", "regressed KPIs"),
                 "quarantined": ("quarantined device", "quarantined devices"),
-                "not_run": ("step not run", "steps not run")}
+                "not_run": ("step not run", "steps not run"),
+                "inconclusive": ("inconclusive step", "inconclusive steps")}
 ENV_COLUMNS = (("harness_version", "harness"), ("onnxruntime", "onnxruntime"), ("onnxruntime_qnn", "onnxruntime-qnn"),
                ("qnn_sdk", "QNN SDK"), ("python", "Python"), ("platform", "platform"))
 
@@ -83,8 +87,16 @@ def _header(runs: RunSet, ctx: PageContext) -> str:
 
 def _counts(runs: RunSet, verdict: ReleaseVerdict) -> dict[str, int]:
     outcomes = [r.outcome for r in runs.results if r.step in verdict.expected_steps]
-    return {"passed": outcomes.count("passed"), "failed": outcomes.count("failed") + outcomes.count("error"),
+    return {"passed": outcomes.count("passed"), "inconclusive": outcomes.count("inconclusive"),
+            "failed": outcomes.count("failed") + outcomes.count("error"),
             "skipped": outcomes.count("skipped"), NOT_RUN: len(verdict.by_kind("not_run")) - outcomes.count("skipped")}
+
+
+def _badge(r: StepResult | None) -> tuple[str, str]:
+    """Return the (class, text) of a step result's badge: a marginal pass has its own."""
+    if r is None:
+        return BADGES[NOT_RUN]
+    return BADGES["marginal" if r.outcome == "passed" and r.marginal else r.outcome]
 
 
 def _verdict_banner(runs: RunSet, verdict: ReleaseVerdict) -> str:
@@ -92,21 +104,25 @@ def _verdict_banner(runs: RunSet, verdict: ReleaseVerdict) -> str:
     devices = {d for d, _, _ in targets}
     models = {m for _, _, m in targets}
     counts = _counts(runs, verdict)
+    kinds = [_plural(len(verdict.by_kind(k)), *REASON_NOUNS[k]) for k in REASON_NOUNS if verdict.by_kind(k)]
     if verdict.go:
         headline = "Release approved: every expected step passed on every device × model."
+    elif verdict.rerun:
+        headline = ("Re-run needed: nothing failed, but " + ", ".join(kinds) + ": the evidence could not decide "
+                    "a limit, so the release cannot be signed off yet.")
     else:
-        kinds = [_plural(len(verdict.by_kind(k)), *REASON_NOUNS[k]) for k in REASON_NOUNS if verdict.by_kind(k)]
         headline = "Release blocked: " + ", ".join(kinds) + "."
     tiles = [("devices", len(devices)), ("models", len(models)), ("steps expected", len(verdict.expected_steps)),
-             ("passed", counts["passed"]), ("failed / error", counts["failed"]), ("skipped", counts["skipped"]),
-             ("not run", counts[NOT_RUN])]
+             ("passed", counts["passed"]), ("inconclusive", counts["inconclusive"]),
+             ("failed / error", counts["failed"]), ("skipped", counts["skipped"]), ("not run", counts[NOT_RUN])]
     tile_html = "".join(f'<div class="tile"><div class="n">{n}</div><div class="l">{h(label)}</div></div>'
                         for label, n in tiles)
-    cls = "go" if verdict.go else "nogo"
+    cls = "go" if verdict.go else "rerun" if verdict.rerun else "nogo"
     return (f'<section class="verdict {cls}" id="verdict"><div class="verdict-label" data-verdict="{h(verdict.label)}">'
             f'{h(verdict.label)}</div><div class="verdict-body"><p class="headline">{h(headline)}</p>'
             f'<p class="rule">GO requires no failed or errored step, no KPI regressed against its baseline, no '
-            f'quarantined device, and every expected step run ({h(verdict.expect_rule)}).</p>'
+            f'quarantined device, and every expected step run ({h(verdict.expect_rule)}) and decided: an '
+            f'inconclusive step is a reason to re-run, never a pass.</p>'
             f'<div class="tiles">{tile_html}</div></div></section>')
 
 
@@ -126,8 +142,8 @@ def _reasons(verdict: ReleaseVerdict) -> str:
     if verdict.go:
         return ('<section id="reasons" class="card"><h2>Reasons</h2><p class="ok-text">None: no failed steps, '
                 'no regressions, no quarantined devices, no steps left out.</p></section>')
-    parts = ['<section id="reasons" class="card"><h2>Why NO-GO</h2>']
-    for kind in ("failed", "regression", "quarantined", "not_run"):
+    parts = [f'<section id="reasons" class="card"><h2>Why {h(verdict.label)}</h2>']
+    for kind in ("failed", "regression", "quarantined", "not_run", "inconclusive"):
         reasons = verdict.by_kind(kind)
         if reasons:
             parts.append(f'<h3 class="reason-kind {kind}">{h(REASON_TITLES[kind])} <span class="count">'
@@ -140,8 +156,9 @@ def _reason_table(kind: str, reasons: list[Reason]) -> str:
     if kind == "quarantined":
         head, rows = ("Device", "Status and reason"), [(r.device, r.message) for r in reasons]
     else:
-        head = ("Device", "Model", "Step", "Regressed KPI" if kind == "regression" else "Message")
-        rows = [(r.device, r.model, r.step, r.message) for r in reasons]
+        head = ("Device", "Model", "Step", "Regressed KPI" if kind == "regression" else
+                "What more it needs" if kind == "inconclusive" else "Message")
+        rows = [(r.device, r.model, r.step, _headline_details(r.message, r.details)) for r in reasons]
     return _table(head, rows, cls=f"reasons {kind}", mono_cols={0, 1, 2} if kind != "quarantined" else {0})
 
 
@@ -178,7 +195,8 @@ def _matrix(runs: RunSet, verdict: ReleaseVerdict, notes: _Footnotes) -> str:
     foot = ""
     if notes.items:
         foot = '<ol class="footnotes">' + "".join(
-            f'<li id="note-{i}"><span class="mono where">{h(w)}</span> {h(m)}</li>'
+            f'<li id="note-{i}"><span class="mono where">{h(w)}</span> '
+            f'{_headline_details(fmt.headline(m), fmt.details(m)).markup}</li>'
             for i, (w, m) in enumerate(notes.items, start=1)) + "</ol>"
     return (f'<section id="matrix" class="card"><h2>Step matrix</h2><p class="sub">Each device × model × step '
             f'with its verdict; hover a cell for the step\'s message, numbered messages are listed below.</p>'
@@ -203,12 +221,14 @@ def _matrix_cell(runs: RunSet, device: str, model: str, step: str, notes: _Footn
     r = runs.result(device, model, step)
     outcome = r.outcome if r is not None else NOT_RUN
     message = fmt.message_text(r.message) if r is not None else "no record of this step in the runs"
-    cls, text = BADGES[outcome]
+    if r is not None and outcome == "passed" and r.marginal:
+        message = "passed close to a limit: " + "\n".join(r.marginal)
+    cls, text = _badge(r)
     ref = ""
-    if outcome != "passed" and message:
+    if (outcome != "passed" or r.marginal) and message:
         n = notes.add(f"{device} / {model} / {step}:", message)
         ref = f'<a class="ref" href="#note-{n}">{n}</a>'
-    title = f"{step}: {outcome}" + (f" — {message}" if message else "")
+    title = f"{step}: {outcome}" + (f" — {fmt.headline(message)}" if message else "")
     return (f'<td class="cell" data-outcome="{h(outcome)}" data-step="{h(step)}" title="{h(title)}">'
             f'<span class="badge {cls}">{text}</span>{ref}</td>')
 
@@ -255,19 +275,28 @@ def _steps_of(runs: RunSet, device: str, model: str) -> list[str]:
 
 
 def _step_card(r: StepResult, deltas: list[KpiDelta]) -> str:
-    cls, text = BADGES[r.outcome]
+    cls, text = _badge(r)
     step_deltas = [d for d in deltas if d.step == r.step and d.kpi != "outcome"]  # the badge shows the outcome
     rows = []
     shown = set()
     for name, value in fmt.main_kpis(r.step, r.kpis):
         shown.add(name)
-        rows.append(_kpi_row(name, value, [d for d in step_deltas if _kpi_root(d.kpi) == name]))
+        rows.append(_kpi_row(name, value, [d for d in step_deltas if _kpi_root(d.kpi) == name],
+                             interval=interval_of(r.kpis, name)))
+    for name in r.kpis.get(INTERVALS_KEY) or {}:  # every KPI measured on samples shows what it rests on
+        if name not in shown and interval_of(r.kpis, name) is not None:
+            shown.add(name)
+            rows.append(_kpi_row(name, kpi_value(r.kpis, name), [], interval=interval_of(r.kpis, name)))
     for d in step_deltas:  # compared KPIs that are not headline KPIs
         if _kpi_root(d.kpi) not in shown:
             rows.append(_kpi_row(d.kpi, d.current, [d], exact=True))
     body = "".join(rows) or '<tr><td colspan="2" class="muted">no KPIs recorded</td></tr>'
-    message = (f'<p class="card-msg">{h(fmt.headline(r.message))}</p>'
-               if r.outcome != "passed" and r.message.strip() else "")
+    message = (f'<div class="card-msg">{_headline_details(fmt.headline(r.message), fmt.details(r.message)).markup}'
+               f'</div>' if r.outcome != "passed" and r.message.strip() else "")
+    if r.marginal:
+        why = _headline_details(fmt.headline("passed close to a limit: " + r.marginal[0]),
+                                "\n".join(r.marginal) if len(r.marginal) > 1 else "")
+        message += f'<div class="card-msg marginal">{why.markup}</div>'
     return (f'<div class="kcard {cls}"><div class="kcard-head"><span class="step-name mono">{h(r.step)}</span>'
             f'<span class="badge {cls}">{text}</span></div>{message}<table class="kv">{body}</table></div>')
 
@@ -276,8 +305,18 @@ def _kpi_root(kpi: str) -> str:
     return kpi.split(".", 1)[0].split("[", 1)[0]
 
 
-def _kpi_row(name: str, value: Any, deltas: list[KpiDelta], exact: bool = False) -> str:
+def _headline_details(headline: str, details: str) -> Html:
+    """Return a headline with its details one click away (an HTML <details>), or the headline alone."""
+    if not details or details.strip() == headline.strip():
+        return Html(f'<span class="headline-text">{h(headline)}</span>')
+    return Html(f'<details class="why"><summary>{h(headline)}</summary><pre>{h(details)}</pre></details>')
+
+
+def _kpi_row(name: str, value: Any, deltas: list[KpiDelta], exact: bool = False,
+             interval: Interval | None = None) -> str:
     full = fmt.value_text(value)
+    if interval is not None:  # value [low, high], n=N
+        full += f" [{fmt.number(interval.low)}, {fmt.number(interval.high)}], n={interval.samples}"
     chips = "".join(_delta_chip(d, show_kpi=not exact and d.kpi != name) for d in deltas)
     return (f'<tr><th class="mono">{_breakable(name)}</th><td><span class="v" title="{h(full)}">{h(full)}</span>{chips}</td></tr>')
 
@@ -299,7 +338,7 @@ def _baseline_table(runs: RunSet, device: str, model: str, deltas: list[KpiDelta
     r = runs.result(device, model, REGRESSION_STEP)
     if r is None:
         return ""
-    cls, text = BADGES[r.outcome]
+    cls, text = _badge(r)
     if not deltas:
         msg = r.message.strip() or "no KPI verdicts recorded"
         return (f'<div class="baseline"><h4>Baseline comparison <span class="badge {cls}">{text}</span></h4>'
@@ -391,6 +430,7 @@ h4{font-size:13.5px;margin:4px 0 8px;font-weight:600}
 box-shadow:0 2px 6px rgba(31,35,40,.12)}
 .verdict.go{background:linear-gradient(135deg,#1a7f37,#2da44e)}
 .verdict.nogo{background:linear-gradient(135deg,#a40e26,#cf222e)}
+.verdict.rerun{background:linear-gradient(135deg,#7d4e00,#bf8700)}
 .verdict-label{font-size:46px;font-weight:800;letter-spacing:1px;min-width:190px;display:flex;align-items:center;
 justify-content:center;border-right:1px solid rgba(255,255,255,.35);padding-right:26px;white-space:nowrap}
 .verdict-body{flex:1}
@@ -425,6 +465,10 @@ border:1px solid transparent;white-space:nowrap}
 .badge.error{color:#fff;background:var(--error);border-color:var(--error)}
 .badge.skip{color:var(--skip);background:var(--skip-bg);border-color:#f5e0a0}
 .badge.notrun{color:var(--notrun);background:var(--notrun-bg);border:1px dashed #afb8c1}
+.badge.inconclusive{color:#fff;background:#bf8700;border-color:#bf8700}
+.badge.marginal{color:var(--pass);background:var(--pass-bg);border:1px dashed #bf8700}
+details.why summary{cursor:pointer;overflow-wrap:anywhere}
+details.why pre{white-space:pre-wrap;word-break:break-word;margin:4px 0 0;font-size:12px;color:#31373d}
 a.ref{font-size:10.5px;vertical-align:super;margin-left:3px;color:var(--accent);text-decoration:none;font-weight:600}
 .legend{margin:10px 0 0;color:var(--muted);font-size:12.5px;display:flex;gap:6px 14px;flex-wrap:wrap;align-items:center}
 .legend .badge{margin-right:2px}
@@ -440,6 +484,8 @@ ol.footnotes .where{font-weight:600}
 .reason-kind.regression::before{background:#8250df}
 .reason-kind.quarantined::before{background:var(--error)}
 .reason-kind.not_run::before{background:#8c959f}
+.reason-kind.inconclusive::before{content:"";width:10px;height:10px;border-radius:50%;display:inline-block;
+background:#bf8700}
 table.reasons td:last-child{word-break:break-word}
 .ok-text{color:var(--pass);font-weight:600;margin:0}
 .status{font-size:12px;font-weight:600;border-radius:5px;padding:1px 7px}
@@ -452,6 +498,7 @@ table.reasons td:last-child{word-break:break-word}
 .kcard{border:1px solid var(--line);border-radius:8px;background:#fff;overflow:hidden;border-top:3px solid var(--pass)}
 .kcard.fail{border-top-color:var(--fail)}.kcard.error{border-top-color:var(--error)}
 .kcard.skip{border-top-color:#d4a72c}.kcard.notrun{border-top-color:#8c959f}
+.kcard.inconclusive{border-top-color:#bf8700}.kcard.marginal{border-top-color:#bf8700}
 .kcard-head{display:flex;justify-content:space-between;align-items:center;padding:8px 12px;background:#fafbfc;
 border-bottom:1px solid #eef1f4}
 .kcard .step-name{font-weight:600;font-size:13px}

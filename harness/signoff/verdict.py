@@ -1,5 +1,7 @@
 """The release verdict: GO only when no step failed, no KPI regressed against its baseline, no device is
-quarantined and every expected step ran, on every device x model of the runs; else NO-GO with each reason."""
+quarantined and every expected step ran and was decided, on every device x model of the runs; NO-GO with each
+reason when one of the first four is not so; RE-RUN when the only reasons are inconclusive steps (the evidence
+could not decide a limit: each says which step and how many more samples it needs). Never a pass."""
 
 from __future__ import annotations
 
@@ -9,11 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import HarnessError
-from harness.signoff.format import COMPARE_DIGITS, headline, value_text, when
+from harness.signoff.format import COMPARE_DIGITS, details, headline, value_text, when
 from harness.signoff.inputs import NOT_RUN, DeviceState, RunSet, StepResult
 
 REGRESSION_STEP = "regression"
-REASON_KINDS = ("failed", "regression", "quarantined", "not_run")
+REASON_KINDS = ("failed", "regression", "quarantined", "not_run", "inconclusive")
+GO, NO_GO, RE_RUN = "GO", "NO-GO", "RE-RUN"
 _STEP_MARKER = re.compile(r"""mark\.step\(\s*["']([\w.-]+)["']""")
 
 
@@ -46,13 +49,15 @@ class KpiDelta:
 
 @dataclass(frozen=True)
 class Reason:
-    """Why the release is NO-GO: a failed step, a regression, a quarantined device, or a step not run."""
+    """Why the release is not GO: a failed step, a regression, a quarantined device, a step not run, or an
+    inconclusive step (a reason to re-run). message is a headline; details what the record says beyond it."""
 
     kind: str
     device: str
     model: str
     step: str
     message: str
+    details: str = ""
 
     def describe(self) -> str:
         """Return the reason as one line: 'kind: device / model / step: message'."""
@@ -77,12 +82,18 @@ class ReleaseVerdict:
         return not self.reasons
 
     @property
+    def rerun(self) -> bool:
+        """Return True when the only reasons are inconclusive steps: nothing failed, the runs must be repeated
+        with more samples before the release can be decided."""
+        return bool(self.reasons) and all(r.kind == "inconclusive" for r in self.reasons)
+
+    @property
     def label(self) -> str:
-        """Return 'GO' or 'NO-GO'."""
-        return "GO" if self.go else "NO-GO"
+        """Return 'GO', 'RE-RUN' or 'NO-GO'."""
+        return GO if self.go else RE_RUN if self.rerun else NO_GO
 
     def by_kind(self, kind: str) -> list[Reason]:
-        """Return the reasons of one kind (failed, regression, quarantined, not_run)."""
+        """Return the reasons of one kind (failed, regression, quarantined, not_run, inconclusive)."""
         return [r for r in self.reasons if r.kind == kind]
 
 
@@ -146,7 +157,12 @@ def decide(runs: RunSet, rule: str = "seen") -> ReleaseVerdict:
                 reasons += _regression_reasons(r, record_deltas)
                 continue
         if r.outcome in ("failed", "error"):
-            reasons.append(Reason("failed", r.device, r.model, r.step, headline(r.message) or r.outcome))
+            reasons.append(Reason("failed", r.device, r.model, r.step, headline(r.message) or r.outcome,
+                                  details(r.message)))
+        elif r.outcome == "inconclusive":
+            reasons.append(Reason("inconclusive", r.device, r.model, r.step,
+                                  headline(r.message) or "the evidence could not decide a limit: re-run with more "
+                                                         "samples", details(r.message)))
     reasons += [Reason("quarantined", d.id, "", "", _device_reason(d)) for d in runs.devices if d.out_of_service]
     reasons += _not_run(runs, expected)
     reasons.sort(key=lambda x: REASON_KINDS.index(x.kind))

@@ -47,7 +47,7 @@ from harness.errors import HarnessError, StepError
 from harness.kpi import check_all
 from harness.models import Thresholds
 from harness.runner.client import DeviceRunner
-from harness.steps.ptq import QuantRecipe, compare_quantized
+from harness.steps.ptq import QuantRecipe, compare_quantized, judge
 from harness.steps.report import StepReport
 from harness.steps.sweep import AccuracyOptions, Candidate, accuracy_limits, evaluate_recipe, rank
 
@@ -165,7 +165,7 @@ class _SimEvaluator:
     def sqnr(self, session) -> float:
         return float(self.kpis(session)["sqnr_db"])
 
-    def meets(self, session) -> bool:
+    def meets(self, session) -> bool:  # decisively: every limit passed on its KPI's interval
         return all(v.passed for v in check_all(self.kpis(session), self.limits))
 
 
@@ -329,7 +329,7 @@ def simulated(model: Path, dataset: Dataset, reference: list[Feed], thresholds: 
     import aimet_onnx
 
     labels = [] if dataset.labels is None else np.asarray(dataset.labels).tolist()
-    key = content_key("aimet-v2", model, feeds_digest(dataset.calibration), feeds_digest(dataset.evaluation),
+    key = content_key("aimet-v3", model, feeds_digest(dataset.calibration), feeds_digest(dataset.evaluation),
                       feeds_digest(reference), labels, asdict(recipe), thresholds.max_task_metric_drop,
                       thresholds.min_cosine_similarity, thresholds.min_sqnr_db, adaround_iterations,
                       getattr(aimet_onnx, "__version__", "?"))
@@ -416,6 +416,7 @@ def aimet_recovery(model: Path, dataset: Dataset, reference: list[Feed], runner:
         "met_threshold": final.meets, "met_by": next((t["technique"] for t, c in candidates if c.meets), None),
         "task_metric_name": k["task_metric_name"], "task_metric": k["task_metric"],
         "task_metric_drop": k["task_metric_drop"], "cosine_similarity": k["cosine_similarity"], "sqnr_db": k["sqnr_db"],
+        "intervals": k.get("intervals"), "undecided": final.undecided,
         "start_task_metric": first.get("task_metric"), "start_cosine_similarity": first.get("cosine_similarity"),
         "start_sqnr_db": first.get("sqnr_db"), "final_bit_widths": final_tech["bits"],
         "techniques": {t["technique"]: {"applied": t["applied"], "task_metric": c.kpis.get("task_metric"),
@@ -436,8 +437,14 @@ def aimet_recovery(model: Path, dataset: Dataset, reference: list[Feed], runner:
                         "overrides path and run on the device's htp runtime; sim_* columns are AIMET's host "
                         "simulation, for comparison only")
     if not final.meets:
-        report.failures.append("no AIMET technique met the KPI on the HTP; tried: " + " | ".join(
-            f"{t['technique']}: {c.describe()}" for t, c in candidates))
+        tried = " | ".join(f"{t['technique']}: {c.describe()}" for t, c in candidates)
+        if final.undecided:
+            report.inconclusive.append(f"no AIMET technique met the KPI on the HTP decisively; the best, "
+                                       f"{final_tech['technique']}, could not be decided on {len(dataset.evaluation)} "
+                                       f"samples; tried: {tried}")
+        else:
+            report.failures.append(f"no AIMET technique met the KPI on the HTP; tried: {tried}")
+    judge(report)
     report.notes.extend(dataset.warnings)
     report.artifacts["model"] = final.model
     report.artifacts["encodings"] = directory / final_tech["technique"] / "quantization_overrides.json"

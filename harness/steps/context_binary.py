@@ -141,6 +141,9 @@ def compile_context(model: Path, soc: SocSpec, cache: ArtifactCache, *,
         (out / CONTEXT_SIDECAR).write_text(json.dumps(info, indent=1) + "\n")
 
     entry = cache.entry("context_binary", key, build)
+    from harness.emulator.device_time import record_graph_cost
+
+    record_graph_cost(entry.path, model)  # the graph's cost, for an emulated device's modelled time
     return ContextBinary(entry.path, json.loads((entry.path / CONTEXT_SIDECAR).read_text()), entry.hit)
 
 

@@ -1,11 +1,15 @@
 """Step 7, energy per inference: the device's idle power, then its power during a fixed number of
 inferences of the deployable context binary, both sampled by the runner on the device.
 
-energy_per_inference_mj = (mean power during the run - idle power) x run time / inferences, i.e. the
-energy the inferences cost above idle; inferences_per_joule is its inverse. Power is |current_now| x
+energy_per_inference_mj = the integral of (power - idle power) over the run and a short tail after it
+(power readings lag the load: a fuel gauge averages, the emulated battery follows the thermal model's
+refresh) / inferences, i.e. the energy the inferences cost above idle; inferences_per_joule is its inverse. Power is |current_now| x
 voltage_now of the battery; while the battery reports Charging (or Full, Not charging: a charger is
 attached) the charger feeds the device and the reading is not its draw, so power is reported as unusable,
-never as a number. Figures are `emulated` on the harness's emulators, `measured` on adb/SSH devices.
+never as a number. Figures are `emulated` on the harness's emulators, `measured` on adb/SSH devices. On an
+emulated device the inferences are the modelled HTP's (harness.emulator.device_time: busy back to back, each
+inference the modelled latency x the throttle factor), so the figure is (load - idle power) x the modelled
+latency, whatever the host's speed; the simulator's own inferences are `simulator_inferences`.
 """
 
 from __future__ import annotations
@@ -18,12 +22,13 @@ from harness.data import Feed
 from harness.kpi import Limit
 from harness.models import Thresholds
 from harness.runner.client import DeviceRunner, SoakSpec
-from harness.soak import mean_power_w, soak_run
+from harness.soak import contention_note, host_contention, mean_power_w, soak_run
 from harness.steps.context_binary import ContextBinary
 from harness.steps.report import StepReport
 
 CHARGER_STATUSES = ("charging", "full", "not charging")
 MIN_RUN_SAMPLES = 5
+TAIL_S = 1.0  # sampling after the run, so energy reported late by the power readings is counted
 
 
 @dataclass(frozen=True)
@@ -37,14 +42,16 @@ class EnergyOptions:
 
 
 def warm_inference_s(runner: DeviceRunner, model: Path, feed: Feed, iterations: int = 5) -> float:
-    """Return the median time of a few warm inferences of model on the device's HTP (a probe run)."""
+    """Return the median time of a few warm inferences of model on the device's HTP (a probe run; on an emulated
+    device the modelled time, RunResult.emulated_s)."""
     import statistics
 
     run = runner.run(model, [feed], "htp", warmup=2, min_iterations=iterations)
-    return statistics.median(run.iteration_s) if run.iteration_s else 0.0
+    times = run.emulated_s if run.emulated_s else run.iteration_s
+    return statistics.median(times) if times else 0.0
 
 
-def size_inferences(inference_s: float, target_s: float, minimum: int = 20, maximum: int = 20000) -> int:
+def size_inferences(inference_s: float, target_s: float, minimum: int = 20, maximum: int = 1_000_000) -> int:
     """Return how many inferences of inference_s seconds fill about target_s (within [minimum, maximum])."""
     fit = int(target_s / inference_s) if inference_s > 0 else maximum
     return max(minimum, min(maximum, fit))
@@ -56,7 +63,7 @@ def energy(ctx: ContextBinary, feeds: list[Feed], runner: DeviceRunner, threshol
     source = getattr(runner.transport, "telemetry_source", "measured")
     run = runner.soak(ctx.model, feeds[:4], SoakSpec(iterations=options.inferences, window_s=1.0,
                                                     telemetry_interval_s=options.interval_s, idle_s=options.idle_s,
-                                                    thermal_status=False))
+                                                    thermal_status=False, tail_s=TAIL_S))
     soak = soak_run(run, source)
     idle, busy = soak.phase("idle"), soak.phase("soak")
     idle_w, busy_w = mean_power_w(idle), mean_power_w(busy)
@@ -64,7 +71,7 @@ def energy(ctx: ContextBinary, feeds: list[Feed], runner: DeviceRunner, threshol
     report = StepReport("energy")
     report.kpis = {
         "artifact": ctx.model.name, "power_source": source, "latency_source": soak.latency_source,
-        "inferences": len(soak.iteration_s), "inferences_reason": options.inferences_reason,
+        "inferences": soak.iterations, "inferences_reason": options.inferences_reason,
         "run_duration_s": soak.duration_s, "idle_duration_s": options.idle_s,
         "sampling_interval_s": soak.interval_s, "idle_samples": len(idle), "run_samples": len(busy),
         "battery_status": statuses, "idle_power_w": idle_w, "mean_power_w": busy_w,
@@ -76,11 +83,19 @@ def energy(ctx: ContextBinary, feeds: list[Feed], runner: DeviceRunner, threshol
         report.kpis.update(idle_power_w=None, mean_power_w=None)
         report.notes.append(unusable)
     else:
-        count = max(1, len(soak.iteration_s))
-        above_j = max(0.0, busy_w - idle_w) * soak.duration_s
+        count = max(1, soak.iterations)
+        above_j = max(0.0, energy_above_j(busy + soak.phase("tail"), idle_w))
         report.kpis.update(power_usable=True, energy_per_inference_mj=1000.0 * above_j / count,
-                           energy_per_inference_total_mj=1000.0 * busy_w * soak.duration_s / count,
+                           energy_per_inference_total_mj=1000.0 * (above_j + idle_w * soak.duration_s) / count,
                            inferences_per_joule=count / above_j if above_j > 0 else None)
+    if soak.emulated:
+        contention = host_contention(soak.host, soak.simulator_windows)
+        report.kpis.update(emulated_latency=run.report.get("emulated"), simulator_inferences=len(soak.iteration_s),
+                           simulator_duration_s=run.report["soak"].get("simulator_duration_s"),
+                           host_contention=contention)
+        note = contention_note(contention)
+        if note:
+            report.notes.append(note)
     if thresholds.max_energy_per_inference_mj is not None:
         report.limits.append(Limit("energy_per_inference_mj", maximum=thresholds.max_energy_per_inference_mj,
                                    required=False, detail=f"{source} power" if not unusable else unusable[:80]))
@@ -91,6 +106,12 @@ def energy(ctx: ContextBinary, feeds: list[Feed], runner: DeviceRunner, threshol
     (out_dir / "energy_samples.csv").write_text(soak.csv())
     report.artifacts["samples_csv"] = out_dir / "energy_samples.csv"
     return report
+
+
+def energy_above_j(samples, idle_w: float) -> float:
+    """Return the integral, in joules, of (power - idle_w) over samples (trapezoids between their times)."""
+    points = [(s.t_s, s.power_w - idle_w) for s in samples if s.power_w is not None]
+    return sum((t1 - t0) * (p0 + p1) / 2 for (t0, p0), (t1, p1) in zip(points, points[1:]))
 
 
 def _unusable(statuses: list[str], idle_w: float | None, busy_w: float | None, run_samples: int) -> str | None:

@@ -242,7 +242,8 @@ def _rank(rows: list[LayerStats]) -> list[LayerStats]:
 def isolate_errors(float_model: Path, qdq_model: Path, dataset: Dataset, runner: DeviceRunner,
                    ptq_report: StepReport, cache: ArtifactCache, samples: int = DEFAULT_SAMPLES) -> StepReport:
     """Return the error-isolation report: per-layer float-vs-quantized statistics on the host's QDQ
-    emulation and the device's `htp` runtime; it fails only when ptq_report did not pass."""
+    emulation and the device's `htp` runtime; it fails only when ptq_report failed (a limit decisively missed),
+    and is inconclusive with it when PTQ's evidence could not decide."""
     feeds = dataset.evaluation[:samples]
     if not feeds:
         raise StepError("error isolation needs at least one evaluation sample")
@@ -271,7 +272,7 @@ def isolate_errors(float_model: Path, qdq_model: Path, dataset: Dataset, runner:
         "min_cosine_similarity_host": min(r.cosine_host for r in rows),
         "min_cosine_htp_vs_host": min(r.cosine_htp_vs_host for r in rows),
         "sensitive_tensors": [r.tensor for r in ranked[:SENSITIVE_TENSORS]],
-        "htp_nodes": htp_nodes, "ptq_passed": ptq_report.passed,
+        "htp_nodes": htp_nodes, "ptq_passed": ptq_report.passed, "ptq_status": ptq_report.status,
         "math_error_cosine": MATH_ERROR_COSINE,
     }
     report.tables["per_layer"] = [_table_row(r) for r in rows]
@@ -279,8 +280,11 @@ def isolate_errors(float_model: Path, qdq_model: Path, dataset: Dataset, runner:
         report.notes.append(f"{first.node} ({first.op_type}) diverges on the HTP (cosine {first.cosine_htp:.3f}) but "
                             f"not in host QDQ emulation ({first.cosine_host:.3f}): an HTP kernel/runtime issue, "
                             "not quantization")
-    if not ptq_report.passed:
+    if ptq_report.problems():
         report.failures.append(_failure(ptq_report, first, worst, cause))
+    elif ptq_report.undecided():
+        report.inconclusive.append(f"PTQ could not be decided ({ptq_report.undecided()[0]}); "
+                                   f"{_diagnosis(first, worst, cause)}")
     report.artifacts.update(_write_artifacts(rows, first, cache))
     return report
 
@@ -301,13 +305,17 @@ def divergence(rows: list[LayerStats]) -> tuple[LayerStats | None, LayerStats | 
 
 def _failure(ptq_report: StepReport, first: LayerStats | None, worst: list[LayerStats], cause: str | None) -> str:
     why = ptq_report.problems()[0] if ptq_report.problems() else "PTQ did not pass"
+    return f"PTQ missed its KPI ({why}); {_diagnosis(first, worst, cause)}"
+
+
+def _diagnosis(first: LayerStats | None, worst: list[LayerStats], cause: str | None) -> str:
     sensitive = ", ".join(f"{r.node} ({r.op_type}, cosine {r.cosine_htp:.3f}, -{r.cosine_drop:.3f})"
                           for r in worst[:3])
     if first is None:
-        return (f"PTQ missed its KPI ({why}); no layer drops below cosine {MATH_ERROR_COSINE} on the HTP: "
+        return (f"no layer drops below cosine {MATH_ERROR_COSINE} on the HTP: "
                 f"precision loss spread over the graph; most sensitive nodes: {sensitive}")
     where = "the HTP only (host QDQ emulation is fine)" if cause == "htp" else "quantization"
-    return (f"PTQ missed its KPI ({why}); the loss starts at node {first.node} ({first.op_type}, tensor "
+    return (f"the loss starts at node {first.node} ({first.op_type}, tensor "
             f"'{first.tensor}', inputs {first.upstream_tensors.replace(';', ', ') or '-'}): cosine "
             f"{first.cosine_htp:.3f} on the HTP, {first.cosine_host:.3f} in host QDQ emulation, caused by {where}; "
             f"most sensitive nodes: {sensitive}")

@@ -14,7 +14,7 @@ from harness.devices import SocSpec
 from harness.kpi import Limit
 from harness.models import Thresholds
 from harness.errors import DeviceLostError, DeviceTimeoutError, RunnerError
-from harness.placement import QDQ_OPS, refused_nodes
+from harness.placement import QDQ_OPS, group_nodes, refused_nodes
 from harness.qnn_ops import (CONTROL_FLOW_OPS, QNN_EP_OPS_SOURCE, REMOVED_BEFORE_PLACEMENT, GraphNode,
                              outside_qnn_ep, walk_nodes)
 from harness.runner.client import DeviceRunner, HtpRefusedError, NodePlacement
@@ -122,12 +122,9 @@ class FormPlacement:
         """Share of the placed nodes the HTP runs (0 when no session could be built)."""
         return self.on_htp / self.placed if self.placed else 0.0
 
-    def describe(self, limit: int = 30) -> str:
-        """Return 'node (Op); ...' of the unsupported nodes (at most limit)."""
-        rows = self.unsupported
-        text = "; ".join(f"{r['node']} ({r['op_type']})" + (f" in {r['graph']}" if r.get("graph") else "")
-                         for r in rows[:limit])
-        return text + (f"; and {len(rows) - limit} more" if len(rows) > limit else "")
+    def describe(self) -> str:
+        """Return the unsupported nodes, named when few, grouped by op type when many (placement.group_nodes)."""
+        return group_nodes([GraphNode(r["node"], r["op_type"], r.get("graph") or "") for r in self.unsupported])
 
 
 def place_form(form: str, model_path: Path, float_model: onnx.ModelProto, runner: DeviceRunner) -> FormPlacement:
@@ -257,7 +254,8 @@ def _bodies(model: onnx.ModelProto, ships: FormPlacement) -> str:
         if node.name in names:
             inner = [n for a in node.attribute if a.type == onnx.AttributeProto.GRAPH for n in walk_nodes(a.g)]
             ops = sorted({n.op_type for n in inner} - REMOVED_BEFORE_PLACEMENT)
-            parts.append(f"{node.name} holds {len(inner)} node(s): {', '.join(ops) or 'none'}")
+            more = f", and {len(ops) - 8} more op types" if len(ops) > 8 else ""
+            parts.append(f"{node.name} holds {len(inner)} node(s): {', '.join(ops[:8]) or 'none'}{more}")
     return f" ({'; '.join(parts)})" if parts else ""
 
 
@@ -270,25 +268,25 @@ def _explain(report: StepReport, model: onnx.ModelProto, forms: dict[str, FormPl
         ops = sorted({n.op_type for n in ships.outside})
         report.failures.append(
             f"onnxruntime could not build a session for the {checked} on {htp}, even with CPU fallback "
-            f"allowed ({ships.session_error}); op types outside the QNN EP's supported set ({QNN_EP_OPS_SOURCE}), "
-            f"graph and subgraphs: {', '.join(ops) or 'none'}: {ships.describe()}")
+            f"allowed: {len(ships.outside)} node(s) of op types outside the QNN EP's set ({', '.join(ops) or 'none'})"
+            f"\nnodes, graph and subgraphs: {ships.describe()}\nonnxruntime said: {ships.session_error}"
+            f"\nthe QNN EP's set: {QNN_EP_OPS_SOURCE}")
     elif ships.unsupported:
         report.failures.append(
-            f"{len(ships.unsupported)} node(s) cannot run on {htp}: {ships.describe()} (checked on the {checked}). "
-            "Replace these ops (the conversion step's layer replacements), or package them as custom ops "
+            f"{len(ships.unsupported)} node(s) cannot run on {htp}: {ships.describe()} (checked on the {checked})"
+            "\nReplace these ops (the conversion step's layer replacements), or package them as custom ops "
             "(qnn-op-package-generator).")
     control = sorted({r["op_type"] for r in ships.unsupported} & CONTROL_FLOW_OPS)
     if control:
         report.failures.append(
-            f"{'/'.join(control)} (control flow) stays off this HTP{_bodies(model, ships)}; the other nodes "
+            f"{'/'.join(control)} (control flow) stays off this HTP{_bodies(model, ships)}\nThe other nodes "
             "listed may be refused only with it (on HTP v68 the QNN EP left all of hey_jarvis's nodes to the CPU "
-            "with its If, none without): when the "
-            "condition depends on an input "
-            "that is constant in deployment, freeze it (--freeze-input NAME=VALUE) so conversion folds the branch "
-            "away; otherwise run the branches as separate models and choose between them in the application")
+            "with its If, none without). When the condition depends on an input that is constant in deployment, "
+            "freeze it (--freeze-input NAME=VALUE) so conversion folds the branch away; otherwise run the branches "
+            "as separate models and choose between them in the application.")
     other = forms.get("float")
     if other is not None and other is not ships and other.unsupported and not ships.unsupported:
-        report.notes.append(f"the float graph would not run wholly on {htp} in FP16 ({other.describe(10)}); "
+        report.notes.append(f"the float graph would not run wholly on {htp} in FP16 ({other.describe()}); "
                             "the 8-bit QDQ form is what ships, and it was checked")
     if needs_quantized_placement(soc):
         report.notes.append(f"{htp} has no FP16: op placement was checked on an 8-bit QDQ form of the model")

@@ -9,8 +9,7 @@ import numpy as np
 from harness.cache import ArtifactCache, content_key
 from harness.data import Dataset, Feed, feeds_digest
 from harness.errors import StepError
-from harness.metrics import (DECISION_THRESHOLD, cosine_similarity, decision_agreement, is_classifier_output,
-                             is_probability_output, top1_accuracy, top1_agreement)
+from harness.metrics import DECISION_THRESHOLD, cosine_similarity, is_classifier_output, is_probability_output, top1
 
 
 def run_host(model: Path, feeds: list[Feed]) -> list[Feed]:
@@ -59,19 +58,30 @@ def host_reference(model: Path, feeds: list[Feed], cache: ArtifactCache) -> list
     return result
 
 
-def task_metric(outputs: list[Feed], dataset: Dataset, reference: list[Feed]) -> tuple[str, float]:
-    """Return (metric name, value) for outputs: for a classifier top-1 accuracy with labels, else top-1
-    agreement with reference; for a detector (one probability per sample) the share of samples on the
-    same side of 0.5 as the reference; else the cosine similarity to reference."""
+def task_outcomes(outputs: list[Feed], dataset: Dataset, reference: list[Feed]) -> tuple[str, np.ndarray | None]:
+    """Return the task metric's name and its per-sample outcomes (True: correct / agreeing), which the metric is
+    the share of: for a classifier top-1 correct with labels, else top-1 agreement with reference; for a detector
+    (one probability per sample) the same side of 0.5 as the reference; else ('cosine_similarity', None)."""
     first = next(iter(outputs[0])) if outputs else None
     classifier = first is not None and is_classifier_output(tuple(np.shape(outputs[0][first])))
     if dataset.labelled and classifier:
-        return "top1_accuracy", top1_accuracy([o[first] for o in outputs], dataset.labels)
+        return "top1_accuracy", np.array([top1(o[first]) == int(y) for o, y in zip(outputs, dataset.labels)])
     if classifier:
-        return "top1_agreement", top1_agreement([r[first] for r in reference], [o[first] for o in outputs])
+        return "top1_agreement", np.array([top1(r[first]) == top1(o[first]) for r, o in zip(reference, outputs)])
     if first is not None and is_probability_output([r[first] for r in reference]):
-        return "decision_agreement", decision_agreement([r[first] for r in reference], [o[first] for o in outputs])
-    return "cosine_similarity", cosine_similarity(stacked(reference), stacked(outputs))
+        return "decision_agreement", np.array([(float(np.ravel(r[first])[0]) >= DECISION_THRESHOLD)
+                                               == (float(np.ravel(o[first])[0]) >= DECISION_THRESHOLD)
+                                               for r, o in zip(reference, outputs)])
+    return "cosine_similarity", None
+
+
+def task_metric(outputs: list[Feed], dataset: Dataset, reference: list[Feed]) -> tuple[str, float]:
+    """Return (metric name, value) for outputs: the share of task_outcomes that hold (top-1 accuracy with
+    labels, else top-1 or decision agreement with reference), else the cosine similarity to reference."""
+    name, outcomes = task_outcomes(outputs, dataset, reference)
+    if outcomes is None:
+        return name, cosine_similarity(stacked(reference), stacked(outputs))
+    return name, float(np.mean(outcomes)) if len(outcomes) else 0.0
 
 
 def reference_warning(reference: list[Feed]) -> str | None:

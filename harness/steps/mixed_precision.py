@@ -46,7 +46,7 @@ from harness.models import Thresholds
 from harness.runner.client import DeviceRunner
 from harness.steps.inference import host_qdq_run, task_metric
 from harness.steps.promotion import PromotionUnit
-from harness.steps.ptq import QuantRecipe, compare_quantized
+from harness.steps.ptq import QuantRecipe, compare_quantized, judge
 from harness.steps.report import StepReport
 from harness.steps.sweep import (Candidate, accuracy_limits, evaluate_all, evaluate_recipe, quantize_recipe,
                                  rank)
@@ -121,7 +121,7 @@ def host_kpis(qdq_model: Path, dataset: Dataset, reference: list[Feed], cache: A
               threads: int = 0) -> dict[str, Any]:
     """Return the KPIs of qdq_model on the host's QDQ emulation against the float reference (cached)."""
     labels = [] if dataset.labels is None else np.asarray(dataset.labels).tolist()
-    key = content_key("mp-host-v1", qdq_model, feeds_digest(dataset.evaluation), feeds_digest(reference), labels)
+    key = content_key("mp-host-v2", qdq_model, feeds_digest(dataset.evaluation), feeds_digest(reference), labels)
 
     def build(out: Path) -> None:
         outputs = host_qdq_run(qdq_model, dataset.evaluation, threads=threads)
@@ -253,7 +253,8 @@ def mixed_precision(model: Path, dataset: Dataset, reference: list[Feed], runner
         "met_threshold": final.meets, "start_met_threshold": start.meets,
         "task_metric_name": k["task_metric_name"], "task_metric": k["task_metric"],
         "task_metric_drop": k["task_metric_drop"], "cosine_similarity": k["cosine_similarity"],
-        "sqnr_db": k["sqnr_db"], "start_task_metric": base.get("task_metric"),
+        "sqnr_db": k["sqnr_db"], "intervals": k.get("intervals"), "undecided": final.undecided,
+        "start_task_metric": base.get("task_metric"),
         "start_cosine_similarity": base.get("cosine_similarity"), "start_sqnr_db": base.get("sqnr_db"),
         "start_host_sqnr_db": start_host.get("sqnr_db"),
         "start_host_cosine_similarity": start_host.get("cosine_similarity"),
@@ -274,10 +275,17 @@ def mixed_precision(model: Path, dataset: Dataset, reference: list[Feed], runner
             f"on {where}, at most {measure_limit} measured; {len(units) - len(fitting)} unit(s) larger than the "
             f"budget of {budget}; each promotion count confirmed on the device's htp runtime")
     if not final.meets:
-        report.failures.append(
-            f"promoting up to {budget} quantized activations to 16 bits in {len(ranked)} ranked unit(s) did not "
-            f"meet the KPI; tried: " + " | ".join(
-                f"{len(u)} unit(s) {[x.label for x in u]}: {c.describe()}" for u, c in tried))
+        tried_text = " | ".join(f"{len(u)} unit(s) {[x.label for x in u]}: {c.describe()}" for u, c in tried)
+        if final.undecided:
+            report.inconclusive.append(
+                f"promoting up to {budget} quantized activations to 16 bits in {len(ranked)} ranked unit(s) met the "
+                f"KPI on no candidate decisively; the best, {final.name}, could not be decided on "
+                f"{len(dataset.evaluation)} samples; tried: {tried_text}")
+        else:
+            report.failures.append(
+                f"promoting up to {budget} quantized activations to 16 bits in {len(ranked)} ranked unit(s) did not "
+                f"meet the KPI; tried: {tried_text}")
+    judge(report)
     report.notes.extend(dataset.warnings)
     report.artifacts["model"] = final.model
     report.artifacts["pareto_plot"] = _pareto_plot(report.tables["pareto"], thresholds, start.name, cache)
@@ -302,7 +310,7 @@ def _pareto_row(units: list[PromotionUnit], c: Candidate) -> dict[str, Any]:
             "sqnr_db": k.get("sqnr_db"), "task_metric_name": k.get("task_metric_name"),
             "task_metric": k.get("task_metric"), "model_bytes": k.get("model_bytes"),
             "simulated_ms": k.get("mean_inference_ms"), "latency_source": k.get("latency_source"),
-            "meets_kpi": c.meets, "recipe": c.name, "error": c.error}
+            "meets_kpi": c.meets, "verdict": c.verdict, "recipe": c.name, "error": c.error}
 
 
 def _candidate_rows(effects: list[UnitEffect], ranked: list[PromotionUnit], start_sqnr_db: float | None,

@@ -9,10 +9,17 @@ x86-64 SSH host, the emulated adb phone) every number comes from the HTP simulat
 labelled `latency_source: simulator` (RunResult.latency_source of the timed run). The simulator
 takes seconds per inference on a real model, so there, unless the user set --min-iterations, the
 iteration count is sized by the per-inference cost measured in the warm-up (sized_rule).
+
+The timed iterations are measured in independent blocks (PROFILE_BLOCKS separate runner invocations, each
+contributing one sample: its median), because the iterations of one run share its process, host load and
+thermal state: `latency_blocks_ms` and their spread `latency_noise_pct` (harness.repeats) are what the
+regression step compares. On an emulated device the runner also reports the modelled device time per
+iteration (RunResult.emulated_s): `device_latency_ms` and its blocks, labelled `emulated`.
 """
 
 from __future__ import annotations
 
+import math
 import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -24,12 +31,14 @@ from harness.data import Feed
 from harness.devices import SocSpec
 from harness.errors import StepError
 from harness.estimate import estimate_latency, graph_cost
-from harness.kpi import Limit
+from harness.kpi import INTERVALS_KEY, Limit
 from harness.models import Thresholds
 from harness.profiling import QnnProfile, median_execute, op_table, parse_profile_csv
+from harness.repeats import summary
 from harness.runner.client import DeviceRunner, RunResult, latency_source
 from harness.steps.context_binary import ContextBinary
 from harness.steps.report import StepReport
+from harness.transports.base import sha256_file
 
 PROFILE_ITERATIONS = 3  # executions recorded by the detailed-profiling run (medians are taken)
 TOP_OPS = 5
@@ -55,6 +64,7 @@ EMULATOR_RULE = MeasureRule(min_iterations=20, min_duration_s=1.0, warmup=3)
 DEVICE_RULE = MeasureRule(min_iterations=100, min_duration_s=10.0, warmup=10)
 SIMULATOR_BUDGET_S = 15.0  # timed-loop time on the HTP simulator when the user gave no iteration count
 SIMULATOR_MIN_ITERATIONS = 5
+PROFILE_BLOCKS = 5  # independent measurement blocks (runner invocations), each one median
 
 
 def default_rule(transport: str, min_iterations: int | None = None, min_duration_s: float | None = None,
@@ -138,21 +148,78 @@ def measure_latency(runner: DeviceRunner, model: Path, feeds: list[Feed], runtim
                        run.peak_rss_mb, run)
 
 
-def measure_sized(runner: DeviceRunner, model: Path, feed: Feed,
-                  rule: MeasureRule) -> tuple[Measurement, MeasureRule, str | None]:
-    """Time model on the device's `htp` runtime; return the measurement, the rule it ran under and,
-    when the count was sized for the HTP simulator, why. A rule without budget_s, or a device whose
-    HTP is real (aarch64), runs as is; otherwise a first session runs the warm-ups and times one
-    warm inference, and the timed session runs sized_rule's count (its outputs pass, untimed by the
-    loop, warms that session)."""
-    machine = runner.device_platform()[0]
-    if rule.budget_s is None or latency_source("htp", machine) == "device":
-        return measure_latency(runner, model, [feed], "htp", rule), rule, None
-    probe = runner.run(model, [feed], "htp", warmup=rule.warmup)
-    if probe.latency_source != "simulator" or not probe.inference_s:
-        return measure_latency(runner, model, [feed], "htp", rule), rule, None
-    sized, why = sized_rule(rule, probe.inference_s[0])
-    return measure_latency(runner, model, [feed], "htp", replace(sized, warmup=0)), sized, why
+@dataclass(frozen=True)
+class Blocked:
+    """A timed measurement in independent blocks (one runner invocation each, under `rule`), and why the
+    iteration count was sized for the HTP simulator (None: it was not)."""
+
+    blocks: list[Measurement]
+    rule: MeasureRule
+    sized_why: str | None = None
+
+    @property
+    def times_ms(self) -> list[float]:
+        """Every timed iteration of every block, in ms."""
+        return [t for b in self.blocks for t in b.times_ms]
+
+    @property
+    def stats(self) -> LatencyStats:
+        """Statistics over every timed iteration."""
+        return latency_stats([t / 1000.0 for t in self.times_ms])
+
+    @property
+    def medians_ms(self) -> list[float]:
+        """One sample per block: its median latency, ms."""
+        return [round(b.stats.p50, 4) for b in self.blocks]
+
+    @property
+    def emulated_ms(self) -> list[float] | None:
+        """Per block, the median modelled device time (RunResult.emulated_s), ms; None unless every block has it."""
+        times = [getattr(b.run, "emulated_s", None) for b in self.blocks]
+        if not times or any(not t for t in times):
+            return None
+        return [round(float(np.median(t)) * 1000.0, 6) for t in times]
+
+    @property
+    def peak_rss_mb(self) -> list[float] | None:
+        """Per block, the runner's peak resident memory (None unless every block reported it)."""
+        peaks = [b.peak_rss_mb for b in self.blocks]
+        return None if any(p is None for p in peaks) else peaks
+
+    @property
+    def duration_s(self) -> float:
+        """Timed-loop wall time summed over the blocks."""
+        return sum(b.duration_s for b in self.blocks)
+
+
+def block_rule(rule: MeasureRule, blocks: int) -> MeasureRule:
+    """Return the rule of one of `blocks` blocks that together meet rule: ceil(min_iterations / blocks)
+    iterations (at least 1) and min_duration_s / blocks seconds each, rule's warm-up in every block."""
+    return MeasureRule(max(1, math.ceil(rule.min_iterations / blocks)), rule.min_duration_s / blocks, rule.warmup)
+
+
+def measure_blocks(runner: DeviceRunner, model: Path, feed: Feed, rule: MeasureRule,
+                   blocks: int = PROFILE_BLOCKS) -> Blocked:
+    """Time model on the device's `htp` runtime in `blocks` separate runner invocations that together meet
+    rule. A rule without budget_s, or a device whose HTP is real (aarch64), runs as is; otherwise a first
+    session runs the warm-ups and times one warm inference, the count is cut by sized_rule, and each block
+    is warmed by its outputs pass only."""
+    why = None
+    if rule.budget_s is not None and latency_source("htp", runner.device_platform()[0]) != "device":
+        probe = runner.run(model, [feed], "htp", warmup=rule.warmup)
+        if probe.latency_source == "simulator" and probe.inference_s:
+            rule, why = sized_rule(rule, probe.inference_s[0])
+            rule = replace(rule, warmup=0)
+    per_block = block_rule(replace(rule, budget_s=None), blocks)
+    return Blocked([measure_latency(runner, model, [feed], "htp", per_block) for _ in range(blocks)], per_block, why)
+
+
+def context_sha256(ctx: ContextBinary) -> str:
+    """Return one sha256 over every file the context binary ships (each file's name and sha256, in order)."""
+    import hashlib
+
+    lines = "".join(f"{p.name} {sha256_file(p)}\n" for p in ctx.files)
+    return hashlib.sha256(lines.encode()).hexdigest()
 
 
 def detailed_profile(runner: DeviceRunner, model: Path, feed: Feed, keep_dir: Path) -> QnnProfile:
@@ -173,8 +240,9 @@ def _op_types(model: Path) -> dict[str, str]:
 
 def profile(ctx: ContextBinary, qdq_model: Path, feed: Feed, runner: DeviceRunner, soc: SocSpec,
             thresholds: Thresholds, rule: MeasureRule, out_dir: Path, label: str,
-            placement: list[dict] | None = None) -> StepReport:
-    """Return the Step 5 report for the context binary on the device's `htp` runtime.
+            placement: list[dict] | None = None, blocks: int = PROFILE_BLOCKS) -> StepReport:
+    """Return the Step 5 report for the context binary on the device's `htp` runtime, its latency timed in
+    `blocks` independent blocks.
 
     Writes a latency histogram, a per-op bar chart and the raw QNN profile CSV into out_dir and
     lists them in the report's artifacts.
@@ -182,8 +250,9 @@ def profile(ctx: ContextBinary, qdq_model: Path, feed: Feed, runner: DeviceRunne
     from harness import charts
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    timed, rule, sized_why = measure_sized(runner, ctx.model, feed, rule)
-    source = timed.run.latency_source
+    timed = measure_blocks(runner, ctx.model, feed, rule, blocks)
+    rule, sized_why = timed.rule, timed.sized_why
+    source = timed.blocks[0].run.latency_source
     per_op_source = "context_binary"
     qnn = detailed_profile(runner, ctx.model, feed, out_dir / "profile_run")
     if not qnn.has_node_rows:
@@ -201,14 +270,22 @@ def profile(ctx: ContextBinary, qdq_model: Path, feed: Feed, runner: DeviceRunne
         "artifact": "context_binary",
         "latency_source": source,
         "latency_ms": timed.stats.as_dict(),
-        # every timed iteration, for the regression step's Mann-Whitney U test against a baseline
-        "latency_samples_ms": [round(t, 4) for t in timed.times_ms],
+        "latency_samples_ms": [round(t, 4) for t in timed.times_ms],  # every timed iteration (the histogram's)
         "iterations": timed.stats.iterations,
         "duration_s": timed.duration_s,
         "warmup_iterations": rule.warmup,
-        "measurement_rule": str(rule),
-        "iterations_reason": sized_why or f"the measurement rule ({rule.min_iterations} iterations at least)",
-        "peak_rss_mb": timed.peak_rss_mb,
+        "measurement_rule": f"{len(timed.blocks)} blocks (separate runner invocations), each: {rule}",
+        "block_rule": {"min_iterations": rule.min_iterations, "min_duration_s": rule.min_duration_s,
+                       "warmup": rule.warmup},
+        "iterations_reason": sized_why or f"the measurement rule ({rule.min_iterations} iterations at least "
+                                          "per block)",
+        "peak_rss_mb": max(timed.peak_rss_mb) if timed.peak_rss_mb else None,
+        # what the regression step compares: the artifact measured, independent blocks and their spread
+        "artifact_path": str(ctx.model),
+        "artifact_key": ctx.directory.name,
+        "artifact_sha256": context_sha256(ctx),
+        **_repeats("latency", "ms", timed.medians_ms),
+        **(_repeats("peak_rss", "mb", timed.peak_rss_mb) if timed.peak_rss_mb else {}),
         "top_ops": [{k: r[k] for k in ("node", "op_type", "cycles", "share")} for r in rows[:TOP_OPS]],
         "per_op_source": per_op_source,
         "profiled_executions": len(qnn.executions),
@@ -219,6 +296,13 @@ def profile(ctx: ContextBinary, qdq_model: Path, feed: Feed, runner: DeviceRunne
         "estimated_latency_ms": estimate.latency_ms,
         "estimated_latency_basis": estimate.basis,
     }
+    report.kpis[INTERVALS_KEY] = {"latency_ms.p50": summary(timed.medians_ms).interval.as_dict()}
+    emulated = timed.emulated_ms
+    if emulated:
+        repeats = summary(emulated)
+        report.kpis.update({"device_latency_ms": round(repeats.value, 6), "device_latency_source": "emulated",
+                            **_repeats("device_latency", "ms", emulated)})
+        report.kpis[INTERVALS_KEY]["device_latency_ms"] = repeats.interval.as_dict()
     if source == "simulator":
         report.kpis["cycles_note"] = "simulated HTP cycles and times (HTP simulator), not a phone's"
     if placement:
@@ -234,6 +318,12 @@ def profile(ctx: ContextBinary, qdq_model: Path, feed: Feed, runner: DeviceRunne
         rows, f"{label}: top ops by cycles ({source})", out_dir / "per_op_cycles.png")
     report.artifacts["qnn_profile_csv"] = csv_path
     return report
+
+
+def _repeats(name: str, unit: str, values: list[float]) -> dict[str, object]:
+    """Return the KPIs of a figure measured in blocks: `<name>_blocks_<unit>` (one value per block) and
+    `<name>_noise_pct` (their relative spread, see harness.repeats.summary)."""
+    return {f"{name}_blocks_{unit}": values, f"{name}_noise_pct": summary(values).noise_pct}
 
 
 def _budget(report: StepReport, thresholds: Thresholds, source: str, stats: LatencyStats,

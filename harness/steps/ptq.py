@@ -12,11 +12,12 @@ import numpy as np
 from harness.cache import ArtifactCache, content_key
 from harness.data import Dataset, Feed, feeds_digest
 from harness.errors import StepError
-from harness.kpi import Limit
-from harness.metrics import cosine_similarity, mean_abs_error, sqnr_db
+from harness import stats
+from harness.kpi import INTERVALS_KEY, Limit
+from harness.metrics import cosine_from_sums, cosine_similarity, mean_abs_error, sample_sums, sqnr_db, sqnr_from_sums
 from harness.models import Thresholds
 from harness.runner.client import DeviceRunner, HtpRefusedError
-from harness.steps.inference import reference_warning, stacked, task_metric
+from harness.steps.inference import reference_warning, stacked, task_metric, task_outcomes
 from harness.steps.report import StepReport
 
 MATH_ERROR_COSINE = 0.9  # the seed's rule: below, a math/graph error; above, precision loss
@@ -93,7 +94,9 @@ def _quiet_preprocess_hint():
 
 def compare_quantized(outputs: list[Feed], reference: list[Feed], dataset: Dataset,
                       float_metric: tuple[str, float]) -> dict:
-    """Return the KPIs of quantized outputs against the float reference."""
+    """Return the KPIs of quantized outputs against the float reference, with the 95 % intervals of the
+    task metric, its drop, cosine similarity and SQNR over the samples (kpis["intervals"], see
+    accuracy_intervals)."""
     name, value = task_metric(outputs, dataset, reference)
     float_name, float_value = float_metric
     cos = cosine_similarity(stacked(reference), stacked(outputs))
@@ -107,30 +110,101 @@ def compare_quantized(outputs: list[Feed], reference: list[Feed], dataset: Datas
         "mae": mean_abs_error(stacked(reference), stacked(outputs)),
         "diagnosis": ("likely math/graph error (cosine similarity < 0.9): isolate layer by layer"
                       if cos < MATH_ERROR_COSINE else "precision loss (cosine similarity >= 0.9): tune encodings"),
+        INTERVALS_KEY: accuracy_intervals(outputs, reference, dataset),
     }
 
 
+def accuracy_intervals(outputs: list[Feed], reference: list[Feed], dataset: Dataset) -> dict[str, dict]:
+    """Return {kpi: Interval.as_dict()} over the evaluation samples: Wilson for a task metric that is a share of
+    samples (accuracy, agreement), its drop as 1 - agreement or, with labels, Newcombe's paired difference of the
+    float and quantized accuracies; a bootstrap over samples for cosine similarity and SQNR (and for the task
+    metric when it is the cosine)."""
+    n = len(outputs)
+    sums = sample_sums([list(r.values()) for r in reference], [list(o.values()) for o in outputs])
+    cosine = stats.bootstrap(lambda idx: cosine_from_sums(sums[idx].sum(axis=0)), n)
+    sqnr = stats.bootstrap(lambda idx: sqnr_from_sums(sums[idx].sum(axis=0)), n)
+    name, outcomes = task_outcomes(outputs, dataset, reference)
+    if outcomes is None:
+        metric, drop = cosine, stats.complement(cosine)
+    elif name == "top1_accuracy":
+        metric = stats.wilson(int(outcomes.sum()), n)
+        drop = stats.difference_of_proportions(task_outcomes(reference, dataset, reference)[1], outcomes)
+    else:
+        metric = stats.wilson(int(outcomes.sum()), n)
+        drop = stats.complement(metric)
+    return {"task_metric": metric.as_dict(), "task_metric_drop": drop.as_dict(),
+            "cosine_similarity": cosine.as_dict(), "sqnr_db": sqnr.as_dict()}
+
+
+def resolution(dataset: Dataset, reference: list[Feed]) -> float | None:
+    """Return the smallest task-metric drop the evaluation samples can resolve: the upper bound of the drop's
+    interval were the quantized model to match float on every sample (None when the metric is the cosine)."""
+    name, outcomes = task_outcomes(reference, dataset, reference)
+    if outcomes is None:
+        return None
+    if name == "top1_accuracy":
+        return stats.difference_of_proportions(outcomes, outcomes).high
+    return stats.resolvable_drop(len(outcomes))
+
+
+def resolution_note(samples: int, resolvable: float | None, thresholds: Thresholds,
+                    inference_s: float | None = None) -> str | None:
+    """Return the note that `samples` evaluation samples cannot resolve the task-metric drop limit even with no
+    sample changed (None when they can, or the metric is the cosine), with the count that would."""
+    limit = thresholds.max_task_metric_drop
+    if resolvable is None or resolvable <= limit:
+        return None
+    needed = stats.proportion_needed(0.0, limit)
+    cost = (f", about {needed * inference_s:.0f} s of device time per pass at {inference_s:.3g} s per inference"
+            if needed is not None and inference_s else "")
+    return (f"{samples} evaluation samples can resolve a task-metric drop of at best {resolvable:.3g} (with no "
+            f"sample changed), above the limit {limit:g}: a drop within the limit shows as inconclusive; "
+            f"{needed or 'more'} samples would resolve it{cost}")
+
+
+def judge(report: StepReport) -> StepReport:
+    """Add to report's inconclusive reasons one sentence per limit its KPI's interval straddles (with the samples
+    needed) and return it."""
+    report.inconclusive.extend(stats.unresolved(report.kpis, report.limits))
+    return report
+
+
+def interval_rows(kpis: dict) -> list[dict]:
+    """Return one table row per KPI with an interval: value, low, high, samples n, method and samples needed."""
+    return [{"kpi": kpi, "value": kpis.get(kpi), "low": i["low"], "high": i["high"], "n": i["samples"],
+             "method": i["method"], "needed": i.get("needed")}
+            for kpi, i in (kpis.get(INTERVALS_KEY) or {}).items()]
+
+
 def ptq(qdq_model: Path, recipe: QuantRecipe, dataset: Dataset, reference: list[Feed], runner: DeviceRunner,
-        thresholds: Thresholds) -> StepReport:
-    """Return the PTQ report: the QDQ model on the device's `htp` runtime against the float reference."""
+        thresholds: Thresholds, inference_s: float | None = None) -> StepReport:
+    """Return the PTQ report: the QDQ model on the device's `htp` runtime against the float reference, each
+    limit judged on its KPI's 95 % interval (inconclusive, saying how many samples would resolve it, when the
+    interval straddles the limit); inference_s (one inference's device time) sizes the resolution note."""
     try:
         run = runner.run(qdq_model, dataset.evaluation, "htp")
     except HtpRefusedError as e:  # name the refused nodes, not the runner's exit code
         raise StepError(f"the quantized model {e.summary}") from None
     report = StepReport("ptq")
     float_metric = task_metric(reference, dataset, reference)
+    resolvable = resolution(dataset, reference)
     report.kpis = {"runtime": "htp", "recipe": recipe.name, "samples": len(run.outputs),
                    **compare_quantized(run.outputs, reference, dataset, float_metric),
+                   "resolvable_drop": resolvable,
                    "latency_source": run.latency_source,
                    "mean_inference_ms": 1000 * float(np.mean(run.inference_s)) if run.inference_s else None,
                    "htp_nodes": sum(p.on_htp for p in run.placement)}
     report.limits = [Limit("task_metric_drop", maximum=thresholds.max_task_metric_drop),
                      Limit("cosine_similarity", minimum=thresholds.min_cosine_similarity),
                      Limit("sqnr_db", minimum=thresholds.min_sqnr_db)]
+    if (note := resolution_note(len(run.outputs), resolvable, thresholds, inference_s)) is not None:
+        report.notes.append(note)
     report.notes.extend(dataset.warnings)
     if (degenerate := reference_warning(reference)) is not None:
         report.notes.append(degenerate)
     if report.kpis["cosine_similarity"] < MATH_ERROR_COSINE:
         report.notes.append(report.kpis["diagnosis"])
+    judge(report)
+    report.tables["intervals"] = interval_rows(report.kpis)
     report.artifacts["qdq_model"] = qdq_model
     return report

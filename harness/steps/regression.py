@@ -4,45 +4,57 @@ Which KPI is compared by which rule (RULES; the rules themselves are in harness.
 
 * accuracy, higher is better, by an absolute tolerance: ptq's and validation_accuracy's ``task_metric``
   and ``cosine_similarity`` (``regression_accuracy_tolerance``), ``sqnr_db`` (``regression_sqnr_tolerance_db``);
-* latency: profile's ``latency_samples_ms``, Mann-Whitney U at ``regression_alpha`` and the medians'
-  relative change beyond ``regression_latency_threshold`` (reported as ``latency_ms.p50``);
-* lower is better, by a relative threshold: profile's ``peak_rss_mb`` (``regression_memory_threshold``),
-  context_binary's ``context_bytes`` (``regression_size_threshold``), energy's ``energy_per_inference_mj``
-  (``regression_energy_threshold``);
+* context_binary's ``context_bytes``, lower is better, by a relative threshold (``regression_size_threshold``);
+* figures measured in independent blocks (kind 'blocks', compare_blocks): profile's ``device_latency_ms``
+  (the emulated device's modelled time), ``latency_ms.p50`` (wall time: simulator or device), ``peak_rss_mb``,
+  energy's ``energy_per_inference_mj``: regressed only when significant on the blocks AND beyond
+  max(threshold, ``regression_noise_k`` x the baseline's noise floor); else unchanged or inconclusive;
 * every step's ``outcome``: one that passed in the baseline and fails now regresses.
 
-A regressed KPI fails the step, its message giving both values; `new` and `missing` KPIs (on one side only)
-do not. A baseline of another model file or SoC is compared where both have a KPI, with a note saying so.
+Simulator wall time of two sessions cannot separate the host's load from a regression, so it never regresses
+on recorded figures: where the baseline's artifact differs from this run's and is still in the cache, an
+interleaved A/B on this device decides it (harness.latency_ab); with the same artifact, the emulated device
+time decides. A regressed KPI fails the step, its message giving both values and the evidence; an
+inconclusive one makes the step inconclusive (never failed); `new` and `missing` KPIs do neither.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from harness.baseline import (VERDICTS, BaselineError, KpiVerdict, Snapshot, compare_higher, compare_lower,
-                              compare_outcome, compare_samples, load_baseline, model_sha256, snapshot)
+from harness.baseline import (VERDICTS, BaselineError, Evidence, KpiVerdict, Snapshot, compare_blocks,
+                              compare_higher, compare_lower, compare_outcome, compare_paired, load_baseline,
+                              model_sha256, snapshot)
+from harness.errors import ContextMismatchError, RunnerError
 from harness.models import Thresholds
+from harness.repeats import min_unpaired_p, summary
 from harness.steps.report import StepReport
 
 if TYPE_CHECKING:
     from harness.cache import ArtifactCache
+    from harness.latency_ab import Bench
     from harness.pipeline import Target
     from harness.session import StepRecord
+
+WALL = "latency_ms.p50"  # the wall-time latency figure: simulator or device
 
 
 @dataclass(frozen=True)
 class KpiRule:
     """How one KPI of one step is compared: kind is 'higher' (absolute tolerance), 'lower' (relative
-    threshold) or 'samples' (Mann-Whitney U and a relative threshold); setting names the Thresholds field."""
+    threshold) or 'blocks' (independent blocks, see compare_blocks); setting names the Thresholds field;
+    blocks and noise name the KPIs holding its block values and their spread, source its label's KPI."""
 
     step: str
     kpi: str
     kind: str
     setting: str
     unit: str = ""
-    source: str = ""  # the KPI holding the values when it is not kpi itself (latency: the samples)
+    blocks: str = ""
+    noise: str = ""
+    source: str = ""
 
 
 _ACCURACY = [KpiRule(step, kpi, "higher", setting, unit)
@@ -53,10 +65,14 @@ _ACCURACY = [KpiRule(step, kpi, "higher", setting, unit)
 RULES: tuple[KpiRule, ...] = (
     *_ACCURACY,
     KpiRule("context_binary", "context_bytes", "lower", "regression_size_threshold", "bytes"),
-    KpiRule("profile", "latency_ms.p50", "samples", "regression_latency_threshold", "ms",
-            source="latency_samples_ms"),
-    KpiRule("profile", "peak_rss_mb", "lower", "regression_memory_threshold", "MB"),
-    KpiRule("energy", "energy_per_inference_mj", "lower", "regression_energy_threshold", "mJ"),
+    KpiRule("profile", "device_latency_ms", "blocks", "regression_latency_threshold", "ms",
+            "device_latency_blocks_ms", "device_latency_noise_pct", "device_latency_source"),
+    KpiRule("profile", WALL, "blocks", "regression_latency_threshold", "ms", "latency_blocks_ms",
+            "latency_noise_pct", "latency_source"),
+    KpiRule("profile", "peak_rss_mb", "blocks", "regression_memory_threshold", "MB", "peak_rss_blocks_mb",
+            "peak_rss_noise_pct"),
+    KpiRule("energy", "energy_per_inference_mj", "blocks", "regression_energy_threshold", "mJ",
+            "energy_blocks_mj", "energy_noise_pct"),
 )
 
 
@@ -69,53 +85,143 @@ def _get(kpis: dict[str, Any] | None, dotted: str) -> Any:
     return value
 
 
-def _kpi_value(snap: Snapshot, step: str, key: str, where: str, samples: bool = False) -> Any:
-    """Return the KPI step.key of snap (None when the step or KPI is absent, or the step was skipped).
-    Raises BaselineError naming `where` when the value is there but is not a number (or, for samples, a
-    list of numbers)."""
+def _kpis(snap: Snapshot, step: str) -> dict[str, Any]:
     result = snap.steps.get(step)
-    if result is None or result.outcome == "skipped":
-        return None
-    value = _get(result.kpis, key)
+    return result.kpis if result is not None and result.outcome != "skipped" else {}
+
+
+def _kpi_value(snap: Snapshot, step: str, key: str, where: str, listed: bool = False) -> Any:
+    """Return the KPI step.key of snap (None when the step or KPI is absent, or the step was skipped).
+    Raises BaselineError naming `where` when the value is there but is not a number (or, listed, a list of
+    numbers)."""
+    value = _get(_kpis(snap, step), key)
     if value is None:
         return None
-    ok = (isinstance(value, list) and all(_number(v) for v in value)) if samples else _number(value)
+    ok = (isinstance(value, list) and all(_number(v) for v in value)) if listed else _number(value)
     if not ok:
-        kind = "a list of numbers" if samples else "a number"
+        kind = "a list of numbers" if listed else "a number"
         raise BaselineError(f"{where}: {step} KPI '{key}' is {str(value)[:80]!r}, not {kind}")
-    return (value or None) if samples else value
+    return (value or None) if listed else value
 
 
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _latency(baseline: Snapshot, current: Snapshot, rule: KpiRule, base_where: str,
-             thresholds: Thresholds) -> KpiVerdict | None:
-    """Latency: the samples' rule where both sides have samples; where both have latency_ms.p50 but a side
-    has no samples (a baseline from before they were recorded), the relative threshold on p50 alone."""
-    threshold = getattr(thresholds, rule.setting)
-    base = _kpi_value(baseline, rule.step, rule.source, base_where, samples=True)
-    cur = _kpi_value(current, rule.step, rule.source, "this run", samples=True)
-    base_p50 = _kpi_value(baseline, rule.step, rule.kpi, base_where)
-    cur_p50 = _kpi_value(current, rule.step, rule.kpi, "this run")
-    if (base is None or cur is None) and base_p50 is not None and cur_p50 is not None:
-        lacking = ("neither side has" if base is None and cur is None else
-                   "the baseline has no" if base is None else "this run has no")
-        return compare_lower(rule.step, rule.kpi, base_p50, cur_p50, threshold, rule.unit,
-                             why=f"{lacking} {rule.source}, so the threshold alone decides")
-    return compare_samples(rule.step, rule.kpi, base, cur, thresholds.regression_alpha, threshold, rule.unit)
+def _evidence(snap: Snapshot, rule: KpiRule, where: str) -> Evidence | None:
+    """The figure of rule in snap: the median of its blocks where it has blocks, else the KPI's value."""
+    value = _kpi_value(snap, rule.step, rule.kpi, where)
+    if value is None:
+        return None
+    blocks = _kpi_value(snap, rule.step, rule.blocks, where, listed=True)
+    if blocks:
+        value = round(summary(blocks).value, 6)
+    return Evidence(value, blocks, _kpi_value(snap, rule.step, rule.noise, where))
+
+
+def _weaker(baseline: Snapshot, base: Evidence | None, rule: KpiRule) -> str:
+    """Why the baseline's evidence of rule's figure is weaker than blocks on both sides ('' when it is not)."""
+    if base is None or (base.blocks and min_unpaired_p(len(base.blocks), 5) < 0.05):
+        return ""
+    if baseline.format < 2:
+        return (f"the baseline is format {baseline.format} (harness {baseline.harness_version or 'unknown'}), from "
+                "before independent blocks and noise floors were recorded, so the threshold alone compares it "
+                "(weaker evidence); save the baseline again with this harness")
+    if rule.step != "profile":
+        return f"the {rule.step} step records no repeats of {rule.kpi}, so the threshold alone compares it"
+    return (f"the baseline has {len(base.blocks or [])} block(s), too few repeats to test a change; save it with "
+            "at least 4 (--latency-blocks)")
+
+
+def _blocks(baseline: Snapshot, current: Snapshot, rule: KpiRule, where: str, thresholds: Thresholds,
+            bench: "Bench | None", device_judged: bool) -> KpiVerdict | None:
+    """Compare a figure measured in blocks; the simulator's wall time through _simulator_wall."""
+    base, cur = _evidence(baseline, rule, where), _evidence(current, rule, "this run")
+    threshold, k = getattr(thresholds, rule.setting), thresholds.regression_noise_k
+    weaker = _weaker(baseline, base, rule)
+    source = _get(_kpis(current, rule.step), rule.source) or _get(_kpis(baseline, rule.step), rule.source)
+    if rule.kpi != WALL or source != "simulator":
+        return compare_blocks(rule.step, rule.kpi, base, cur, thresholds.regression_alpha, threshold, k, rule.unit,
+                              weaker=weaker)
+    return _simulator_wall(baseline, current, rule, base, cur, thresholds, weaker, bench, device_judged)
+
+
+def _simulator_wall(baseline: Snapshot, current: Snapshot, rule: KpiRule, base: Evidence | None,
+                    cur: Evidence | None, thresholds: Thresholds, weaker: str, bench: "Bench | None",
+                    device_judged: bool) -> KpiVerdict | None:
+    """Simulator wall time: an interleaved A/B where this run's artifact differs from the baseline's and the
+    baseline's is in the cache; otherwise the recorded figures, which decide only `unchanged` (beyond the
+    noise floor: inconclusive, saying why and how to decide)."""
+    threshold, k, alpha = thresholds.regression_latency_threshold, thresholds.regression_noise_k, \
+        thresholds.regression_alpha
+    b_kpis, c_kpis = _kpis(baseline, "profile"), _kpis(current, "profile")
+    same = b_kpis.get("artifact_sha256") is not None and b_kpis.get("artifact_sha256") == c_kpis.get("artifact_sha256")
+    why_not = ""
+    if base is not None and cur is not None and not same and bench is not None and _comparable(baseline, current):
+        from harness.latency_ab import cached_artifact
+
+        artifact, why_not = cached_artifact(b_kpis, bench.cache_root)
+        if artifact is not None and isinstance(c_kpis.get("artifact_path"), str):
+            try:
+                return _ab(bench, artifact, Path(c_kpis["artifact_path"]), c_kpis, rule, base, cur, thresholds)
+            except (ContextMismatchError, RunnerError) as e:  # a lost device (other TransportErrors) propagates
+                why_not = f"the A/B could not run ({str(e).splitlines()[0]})"
+    elif bench is None:
+        why_not = "no device to run it on"
+    elif not _comparable(baseline, current):
+        why_not = "the baseline is of another model or SoC"
+    if same:
+        undecidable = (f"the same artifact as the baseline (sha256 {c_kpis['artifact_sha256'][:12]}), so no A/B can "
+                       "tell it apart; one compiled model's simulator wall time moves only with the host and the "
+                       "emulated device")
+    else:
+        undecidable = ("simulator wall time of two sessions cannot separate the host's load from a regression; to "
+                       "decide, keep the baseline's artifact in this cache so the gate runs an interleaved A/B"
+                       + (f" (no A/B: {why_not})" if why_not else ""))
+    verdict = compare_blocks(rule.step, rule.kpi, base, cur, alpha, threshold, k, rule.unit, decides=False,
+                             undecidable=undecidable, weaker=weaker)
+    if same and device_judged and verdict is not None and verdict.verdict == "inconclusive":
+        return replace(verdict, verdict="unchanged",
+                       detail=f"{verdict.detail}; the device's latency is judged on device_latency_ms (emulated)")
+    return verdict
+
+
+def _comparable(baseline: Snapshot, current: Snapshot) -> bool:
+    return baseline.soc == current.soc and not another_model(baseline, current)
+
+
+def _ab(bench: "Bench", artifact: Path, candidate: Path, c_kpis: dict[str, Any], rule: KpiRule, base: Evidence,
+        cur: Evidence, thresholds: Thresholds) -> KpiVerdict:
+    from harness.baseline import _fmt
+    from harness.latency_ab import AB_MAX_PAIRS, interleaved
+    from harness.steps.profile import MeasureRule
+
+    block = MeasureRule(**(c_kpis.get("block_rule") or {"min_iterations": 4, "min_duration_s": 0.2,
+                                                          "warmup": 3}))
+    recorded = f"{_fmt(base.value)} -> {_fmt(cur.value)} ms in the two sessions"
+
+    def decide(a: list[float], b: list[float], final: bool) -> KpiVerdict | None:
+        verdict = compare_paired(rule.step, rule.kpi, a, b, thresholds.regression_alpha,
+                                 thresholds.regression_latency_threshold, thresholds.regression_noise_k,
+                                 base.noise_pct, rule.unit, final, recorded)
+        if verdict is not None and verdict.verdict == "inconclusive":
+            return replace(verdict, detail=f"{verdict.detail} (measured up to the bound of {AB_MAX_PAIRS} pairs)")
+        return verdict
+
+    return interleaved(bench, artifact, candidate, block, decide)
 
 
 def compare(baseline: Snapshot, current: Snapshot, thresholds: Thresholds,
-            baseline_where: str = "the baseline") -> list[KpiVerdict]:
+            baseline_where: str = "the baseline", bench: "Bench | None" = None) -> list[KpiVerdict]:
     """Return the verdicts of every KPI of RULES and every step's outcome that either side has, in step order
-    (this run's steps first). Raises BaselineError naming baseline_where for a baseline KPI of the wrong type."""
+    (this run's steps first); bench: where an A/B can run (None: nowhere). Raises BaselineError naming
+    baseline_where for a baseline KPI of the wrong type."""
     verdicts: list[KpiVerdict] = []
     for rule in RULES:
         setting = getattr(thresholds, rule.setting)
-        if rule.kind == "samples":
-            verdict = _latency(baseline, current, rule, baseline_where, thresholds)
+        if rule.kind == "blocks":
+            judged = any(v.kpi == "device_latency_ms" and v.verdict not in ("new", "missing") for v in verdicts)
+            verdict = _blocks(baseline, current, rule, baseline_where, thresholds, bench, judged)
         else:
             base = _kpi_value(baseline, rule.step, rule.kpi, baseline_where)
             cur = _kpi_value(current, rule.step, rule.kpi, "this run")
@@ -129,15 +235,28 @@ def compare(baseline: Snapshot, current: Snapshot, thresholds: Thresholds,
                                   cur_step.outcome if cur_step else None)
         if verdict is not None:
             verdicts.append(verdict)
+    if another_model(baseline, current):
+        verdicts = [replace(v, verdict="inconclusive", detail=f"{v.detail + '; ' if v.detail else ''}another model")
+                    if v.verdict in ("regressed", "improved") else v for v in verdicts]
     order = {step: i for i, step in enumerate([*current.steps, *baseline.steps])}
     return sorted(verdicts, key=lambda v: order.get(v.step, len(order)))  # stable: a step's rules keep their order
 
 
+def another_model(baseline: Snapshot, current: Snapshot) -> bool:
+    """True when the baseline is of another model: another name and another model file (by content hash)."""
+    return baseline.model != current.model and baseline.model_sha256 != current.model_sha256
+
+
 def mismatch_notes(baseline: Snapshot, current: Snapshot, path: Path) -> list[str]:
     """Return a note for each way the baseline is not of this device × model: another model file (by content
-    hash), SoC, device or model name; the KPIs are still compared where both have them."""
+    hash), SoC, device or model name, an older format; the KPIs are still compared where both have them."""
     notes = []
-    if baseline.model_sha256 != current.model_sha256:
+    if another_model(baseline, current):
+        notes.append(f"the baseline {path} is of another model ('{baseline.model}', sha256 {baseline.model_sha256}; "
+                     f"this run is '{current.model}', sha256 {current.model_sha256}): its KPIs are shown beside this "
+                     "run's, but a difference between two models is not a regression, so none is gated (save a "
+                     f"baseline of '{current.model}' with --save-baseline)")
+    elif baseline.model_sha256 != current.model_sha256:
         notes.append(f"the baseline {path} was saved from another model file (sha256 {baseline.model_sha256}; this "
                      f"run's is {current.model_sha256}): KPIs are compared only where both have them, and a changed "
                      "model may explain any difference")
@@ -145,51 +264,58 @@ def mismatch_notes(baseline: Snapshot, current: Snapshot, path: Path) -> list[st
         notes.append(f"the baseline {path} was saved on SoC {baseline.soc}, this run is on {current.soc}: KPIs are "
                      "compared only where both have them, and the SoC may explain any difference")
     for what, base, cur in (("device", baseline.device, current.device), ("model", baseline.model, current.model)):
-        if base != cur:
+        if base != cur and not (what == "model" and another_model(baseline, current)):
             notes.append(f"the baseline {path} names {what} '{base}', this run's is '{cur}'")
+    if baseline.format < 2:
+        notes.append(f"the baseline {path} is format {baseline.format} (harness "
+                     f"{baseline.harness_version or 'unknown'}): it has no independent latency blocks, noise floor "
+                     "or artifact, so latency is compared by the threshold alone and a change beyond it is "
+                     "inconclusive; save the baseline again with this harness")
     return notes
 
 
-def regression(baseline: Snapshot, path: Path, current: Snapshot, thresholds: Thresholds) -> StepReport:
+def regression(baseline: Snapshot, path: Path, current: Snapshot, thresholds: Thresholds,
+               bench: "Bench | None" = None) -> StepReport:
     """Return the regression step's report for current against baseline (read from path): a `verdicts` KPI and
-    table, the `regressed` KPI names, `counts` per verdict, and a failure per regressed KPI (or when no step of
-    this run ran, so nothing could be compared)."""
-    verdicts = compare(baseline, current, thresholds, baseline_where=f"the baseline {path}")
+    table, the `regressed` and `inconclusive` KPI names, `counts` per verdict, a failure per regressed KPI (or
+    when no step of this run ran, so nothing could be compared) and an inconclusive reason per undecided one.
+    bench: where an interleaved A/B can run (see harness.latency_ab)."""
+    verdicts = compare(baseline, current, thresholds, baseline_where=f"the baseline {path}", bench=bench)
     report = StepReport("regression")
     rows = [v.as_dict() for v in verdicts]
     regressed = [v for v in verdicts if v.verdict == "regressed"]
+    undecided = [v for v in verdicts if v.verdict == "inconclusive"]
     report.kpis = {
         "baseline_file": str(path),
         "baseline_saved_at": baseline.saved_at,
         "baseline_harness_version": baseline.harness_version,
+        "baseline_format": baseline.format,
         "baseline_soc": baseline.soc,
+        "baseline_model": baseline.model,
         "baseline_model_sha256": baseline.model_sha256,
         "model_sha256": current.model_sha256,
         "verdicts": rows,
         "regressed": [f"{v.step} {v.kpi}" for v in regressed],
+        "inconclusive": [f"{v.step} {v.kpi}" for v in undecided],
         "counts": {name: sum(v.verdict == name for v in verdicts) for name in VERDICTS},
     }
     report.tables["verdicts"] = rows
     report.artifacts["baseline"] = path
     report.notes.extend(mismatch_notes(baseline, current, path))
-    profile = current.steps.get("profile")
-    if profile is not None and profile.kpis.get("latency_source") == "simulator" and any(
-            v.step == "profile" and v.kpi == "latency_ms.p50" for v in regressed):
-        report.notes.append("this run's latency is HTP-simulator wall time on the host, which moves with the host's "
-                            "load from run to run: on an emulated device, a larger regression_latency_threshold in "
-                            "the model spec keeps that noise from failing the gate")
     if not current.ran():
         report.failures.append(f"nothing to compare: no step ran on {current.device} x {current.model} in this run "
                                "(select the steps to compare together with the regression step)")
     report.failures.extend(v.message() for v in regressed)
+    report.inconclusive.extend(v.message() for v in undecided)
     return report
 
 
-def regression_against(path: Path, target: "Target", records: Sequence["StepRecord"],
-                       cache: "ArtifactCache") -> StepReport:
+def regression_against(path: Path, target: "Target", records: Sequence["StepRecord"], cache: "ArtifactCache",
+                       bench: "Bench | None" = None) -> StepReport:
     """Return the regression step's report for target: the baseline file at path against this run's step
-    records of the same device and model. Raises BaselineError for an unreadable or corrupt baseline."""
+    records of the same device and model (an A/B on bench where one can decide). Raises BaselineError for an
+    unreadable or corrupt baseline."""
     baseline = load_baseline(path)
     current = snapshot(records, target.device.id, target.soc.id, target.model.name,
                        model_sha256(target.model, cache))
-    return regression(baseline, path, current, target.model.thresholds)
+    return regression(baseline, path, current, target.model.thresholds, bench)

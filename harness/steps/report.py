@@ -38,7 +38,8 @@ class StepReport:
 
     def undecided(self) -> list[str]:
         """Return why the evidence cannot decide this step: inconclusive reasons and limits."""
-        return [*self.inconclusive, *(str(v) for v in self.verdicts if v.inconclusive)]
+        said = " ".join(self.inconclusive)  # a limit a reason already explains is not listed twice
+        return [*self.inconclusive, *(str(v) for v in self.verdicts if v.inconclusive and f"{v.limit.kpi} " not in said)]
 
     @property
     def status(self) -> str:

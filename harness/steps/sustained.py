@@ -6,7 +6,11 @@ and the device's thermal zones, battery and (on Android) thermal status sampled 
 (harness.soak). KPIs after 3DMark's stress test and MLPerf Mobile: stability_pct (worst window's
 throughput / best), sustained_to_peak, throttling_onset_s, max_temp_c and its zone, max_skin_temp_c,
 thermal_status_max, latency_ms over the soak. Temperatures are `emulated` on the harness's emulators
-(harness.emulator.thermal) and `measured` on adb/SSH devices; latency is `simulator` on an x86-64 HTP.
+(harness.emulator.thermal) and `measured` on adb/SSH devices. On an emulated device the windows, stability,
+throttling onset and latency are the modelled HTP's (`latency_source: emulated`, harness.emulator.device_time:
+busy back to back, each inference the model's modelled latency x the throttle factor), so the host's speed and
+load cannot move them; the HTP simulator's wall time is reported beside them as `simulator_latency_ms` and the
+`simulator_windows` table, and host contention as the `host_contention` KPI (a note, not a verdict).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from harness.data import Feed
 from harness.kpi import Limit
 from harness.models import Thresholds
 from harness.runner.client import DeviceRunner, SoakSpec
-from harness.soak import soak_run, stability_kpis, thermal_kpis
+from harness.soak import contention_note, host_contention, soak_run, stability_kpis, thermal_kpis
 from harness.steps.context_binary import ContextBinary
 from harness.steps.profile import latency_stats
 from harness.steps.report import StepReport
@@ -55,11 +59,12 @@ def window_for(options: SoakOptions, inference_s: float | None) -> tuple[float, 
 def sustained(ctx: ContextBinary, feeds: list[Feed], runner: DeviceRunner, thresholds: Thresholds,
               options: SoakOptions, out_dir: Path, label: str, inference_s: float | None = None) -> StepReport:
     """Return the sustained-performance report: cooldown, soak windows, thermal KPIs, charts and CSVs
-    (inference_s: the model's cost per inference where known, to size the windows)."""
-    window_s, widened = window_for(options, inference_s)
-    options = SoakOptions(options.duration_s, options.cooldown_max_s, window_s, options.telemetry_interval_s)
+    (inference_s: the model's cost per inference where known, to size the windows; not on an emulated device,
+    whose modelled HTP completes many inferences per window whatever the simulator's speed)."""
     transport = runner.transport
     source = getattr(transport, "telemetry_source", "measured")
+    window_s, widened = window_for(options, None if source == "emulated" else inference_s)
+    options = SoakOptions(options.duration_s, options.cooldown_max_s, window_s, options.telemetry_interval_s)
     cooldown = cool_down(transport, runner.idle_temps_c, thresholds.cooldown_margin_c, options.cooldown_max_s)
     run = runner.soak(ctx.model, feeds[:SOAK_FEEDS], SoakSpec(duration_s=options.duration_s, window_s=options.window_s,
                                                              telemetry_interval_s=options.telemetry_interval_s))
@@ -70,13 +75,22 @@ def sustained(ctx: ContextBinary, feeds: list[Feed], runner: DeviceRunner, thres
     report.kpis = {
         "artifact": ctx.model.name, "runtime": "htp", "latency_source": soak.latency_source,
         "telemetry_source": source, "soak_duration_s": soak.duration_s, "window_s": options.window_s,
-        "iterations": len(soak.iteration_s), "latency_ms": latency_stats(soak.iteration_s).as_dict(),
+        "iterations": soak.iterations, "latency_ms": soak.latency_ms(),
         **stability, **thermal, "throttling_margin": thresholds.throttling_margin,
         "cooldown": cooldown.kpis(), "telemetry_interval_s": soak.interval_s, "telemetry_samples": len(soak.samples),
         "sampler_cpu_s": soak.sampler_cpu_s, "sampler_children_cpu_s": soak.sampler_children_cpu_s,
         "trip_points": [{"zone": t.zone, "temp_c": t.temp_c, "type": t.type} for t in soak.trips],
     }
     report.tables["windows"] = [w.__dict__ for w in soak.windows]
+    if soak.emulated:
+        contention = host_contention(soak.host, soak.simulator_windows)
+        report.kpis.update(emulated_latency=run.report.get("emulated"),
+                           simulator_latency_ms=latency_stats(soak.iteration_s).as_dict() if soak.iteration_s else None,
+                           simulator_iterations=len(soak.iteration_s), host_contention=contention)
+        report.tables["simulator_windows"] = [w.__dict__ for w in soak.simulator_windows]
+        note = contention_note(contention)
+        if note:
+            report.notes.append(note)
     report.limits = [
         Limit("stability_pct", minimum=thresholds.min_stability_pct),
         Limit("max_temp_c", maximum=thresholds.max_temp_c, required=False,

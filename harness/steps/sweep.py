@@ -4,7 +4,8 @@ The matrix (`full`): calibration MinMax / Entropy / Percentile × per-tensor / p
 asymmetric / symmetric × 8- / 16-bit activations. `quick` picks four candidates that cover the
 axes cheaply. Each candidate is quantized (cached by recipe, like every artifact), run on `htp` over
 the evaluation data and ranked: candidates meeting the model's KPI first, then by task metric, then
-by cosine similarity. Host-side quantization always runs in parallel; device runs do too when the
+by cosine similarity. A candidate meets the KPI only decisively: every limit passes on its KPI's 95 %
+interval over the evaluation samples (one whose interval straddles a limit is *undecided*). Host-side quantization always runs in parallel; device runs do too when the
 first candidate's run says it ran on the HTP simulator (RunResult.latency_source 'simulator': an
 x86-64 machine's cores), and one at a time on a device's single HTP.
 """
@@ -33,7 +34,7 @@ from harness.models import Thresholds
 from harness.runner.client import DeviceRunner, HtpRefusedError
 from harness.runner.device_runner import RUNNER_VERSION
 from harness.steps.inference import task_metric
-from harness.steps.ptq import QuantRecipe, compare_quantized, quantize
+from harness.steps.ptq import QuantRecipe, compare_quantized, judge, quantize
 from harness.steps.report import StepReport
 
 SWEEP_MODES = ("off", "quick", "full")
@@ -65,7 +66,8 @@ class Candidate:
     model: Path | None = None
     kpis: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
-    meets: bool = False
+    meets: bool = False  # every limit decisively passed (on its KPI's interval)
+    undecided: bool = False  # not meeting, but no limit decisively failed: an interval straddles one
 
     @property
     def name(self) -> str:
@@ -76,17 +78,42 @@ class Candidate:
         """Return the candidate as one row of the sweep's KPIs."""
         return {"name": self.name, "task_metric": self.kpis.get("task_metric"),
                 "cosine_similarity": self.kpis.get("cosine_similarity"), "sqnr_db": self.kpis.get("sqnr_db"),
-                "task_metric_drop": self.kpis.get("task_metric_drop"), "meets_kpi": self.meets,
+                "task_metric_drop": self.kpis.get("task_metric_drop"),
+                **_interval_columns(self.kpis, "task_metric_drop"), "meets_kpi": self.meets,
+                "verdict": self.verdict,
                 "model_bytes": self.kpis.get("model_bytes"), "mean_inference_ms": self.kpis.get("mean_inference_ms"),
                 "error": self.error}
+
+    @property
+    def verdict(self) -> str:
+        """Return 'meets', 'undecided', 'fails' or 'error'."""
+        return "error" if self.error else "meets" if self.meets else "undecided" if self.undecided else "fails"
 
     def describe(self) -> str:
         """Return a one-line account of the candidate, for failure messages."""
         if self.error:
             return f"{self.name}: error: {self.error.splitlines()[0]}"
         k = self.kpis
-        return (f"{self.name}: {k['task_metric_name']} {k['task_metric']:.4g} (drop {k['task_metric_drop']:.4g}), "
-                f"cosine {k['cosine_similarity']:.4f}, SQNR {k['sqnr_db']:.1f} dB")
+        drop = (k.get("intervals") or {}).get("task_metric_drop")
+        within = f" [{drop['low']:.3g}, {drop['high']:.3g}] n={drop['samples']}" if drop else ""
+        return (f"{self.name}: {k['task_metric_name']} {k['task_metric']:.4g} (drop {k['task_metric_drop']:.4g}"
+                f"{within}), cosine {k['cosine_similarity']:.4f}, SQNR {k['sqnr_db']:.1f} dB"
+                f"{' (undecided)' if self.undecided else ''}")
+
+
+def _interval_columns(kpis: dict[str, Any], kpi: str) -> dict[str, Any]:
+    """Return the low/high/n columns of kpi's interval in kpis (None when it has none)."""
+    interval = (kpis.get("intervals") or {}).get(kpi) or {}
+    return {f"{kpi}_low": interval.get("low"), f"{kpi}_high": interval.get("high"), "n": interval.get("samples")}
+
+
+def judge_candidate(candidate: Candidate, thresholds: Thresholds) -> Candidate:
+    """Set candidate.meets (every accuracy limit decisively passed on its KPI's interval) and .undecided (not
+    meeting, but no limit decisively failed); return it."""
+    verdicts = check_all(candidate.kpis, accuracy_limits(thresholds))
+    candidate.meets = all(v.passed for v in verdicts)
+    candidate.undecided = not candidate.meets and all(v.passed or v.inconclusive for v in verdicts)
+    return candidate
 
 
 def accuracy_limits(thresholds: Thresholds) -> list[Limit]:
@@ -130,8 +157,7 @@ def evaluate_recipe(recipe: QuantRecipe, model: Path, dataset: Dataset, referenc
     except HarnessError as e:
         candidate.error = str(e)
         return candidate
-    candidate.meets = all(v.passed for v in check_all(candidate.kpis, accuracy_limits(thresholds)))
-    return candidate
+    return judge_candidate(candidate, thresholds)
 
 
 def quantize_recipe(recipe: QuantRecipe, model: Path, dataset: Dataset,
@@ -154,7 +180,7 @@ def _candidate_kpis(model: Path, recipe: QuantRecipe, dataset: Dataset, referenc
     run again by the steps after it.
     """
     labels = [] if dataset.labels is None else np.asarray(dataset.labels).tolist()
-    key = content_key("sweep-eval-v1", model, feeds_digest(dataset.evaluation), feeds_digest(reference), labels,
+    key = content_key("sweep-eval-v2", model, feeds_digest(dataset.evaluation), feeds_digest(reference), labels,
                       runner.transport.device.id, runner.transport.soc.id, RUNNER_VERSION)
 
     def build(out: Path) -> None:
@@ -232,11 +258,12 @@ def _private_copy(model: Path, cache: ArtifactCache):
 
 
 def rank(candidates: list[Candidate]) -> list[Candidate]:
-    """Return candidates best first: meeting the KPI, then by task metric, then by cosine similarity."""
+    """Return candidates best first: meeting the KPI (decisively), then undecided ones (an interval straddles a
+    limit), then failing ones, each by the point value of the task metric, then of cosine similarity."""
     def key(c: Candidate):
         if c.error is not None:
-            return (2, 0.0, 0.0)
-        return (0 if c.meets else 1, -c.kpis["task_metric"], -c.kpis["cosine_similarity"])
+            return (3, 0.0, 0.0)
+        return (0 if c.meets else 1 if c.undecided else 2, -c.kpis["task_metric"], -c.kpis["cosine_similarity"])
 
     return sorted(candidates, key=key)
 
@@ -289,14 +316,22 @@ def sweep(model: Path, dataset: Dataset, reference: list[Feed], runner: DeviceRu
                    "parallel_workers": workers, "wall_s": time.perf_counter() - start}
     if best is not None:
         for name in ("task_metric_name", "task_metric", "float_task_metric", "task_metric_drop",
-                     "cosine_similarity", "sqnr_db"):
-            report.kpis[name] = best.kpis[name]
+                     "cosine_similarity", "sqnr_db", "intervals"):
+            report.kpis[name] = best.kpis.get(name)
+    report.kpis["candidates_undecided"] = sum(c.undecided for c in candidates)
     report.limits = accuracy_limits(thresholds)
     report.tables["candidates"] = [c.summary() for c in candidates]
     if not any(c.meets for c in candidates):
-        report.failures.append(f"no candidate of the '{mode}' sweep met the KPI "
-                               f"({'; '.join(str(lim) for lim in report.limits)}); tried: "
-                               + " | ".join(c.describe() for c in candidates))
+        tried = " | ".join(c.describe() for c in candidates)
+        rules = "; ".join(str(lim) for lim in report.limits)
+        if any(c.undecided for c in candidates):
+            report.inconclusive.append(
+                f"no candidate of the '{mode}' sweep met the KPI decisively ({rules}); "
+                f"{sum(c.undecided for c in candidates)} could not be decided on {len(dataset.evaluation)} "
+                f"samples; tried: {tried}")
+        else:
+            report.failures.append(f"no candidate of the '{mode}' sweep met the KPI ({rules}); tried: {tried}")
+    judge(report)
     report.notes.extend(dataset.warnings)
     if best is not None:
         report.artifacts["best_model"] = best.model

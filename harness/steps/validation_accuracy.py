@@ -1,6 +1,6 @@
-"""Step 7, end-to-end task accuracy: the deployable context binary on the device over the whole
-evaluation set (not the sample the accuracy steps size by cost), its task metric and its drop against
-the float model's on the host."""
+"""Step 7, end-to-end task accuracy: the deployable context binary on the device over the evaluation set
+(sized by its own, larger budget than the accuracy steps'), its task metric and its drop against the float
+model's on the host, each limit judged on its KPI's 95 % interval."""
 
 from __future__ import annotations
 
@@ -10,14 +10,15 @@ from harness.models import Thresholds
 from harness.runner.client import DeviceRunner
 from harness.steps.context_binary import ContextBinary
 from harness.steps.inference import task_metric
-from harness.steps.ptq import compare_quantized
+from harness.steps.ptq import compare_quantized, interval_rows, judge, resolution, resolution_note
 from harness.steps.report import StepReport
 
 
 def validation_accuracy(ctx: ContextBinary, dataset: Dataset, reference: list[Feed], runner: DeviceRunner,
-                        thresholds: Thresholds, deployed: str) -> StepReport:
-    """Return the report of the context binary run on the device's HTP over every evaluation sample
-    against the float reference (deployed: which quantized model the binary was compiled from)."""
+                        thresholds: Thresholds, deployed: str, inference_s: float | None = None) -> StepReport:
+    """Return the report of the context binary run on the device's HTP over every evaluation sample of dataset
+    against the float reference (deployed: which quantized model the binary was compiled from), each limit
+    judged on its KPI's interval; inference_s (one inference's device time) sizes the resolution note."""
     run = runner.run(ctx.model, dataset.evaluation, "htp")
     report = StepReport("validation_accuracy")
     report.kpis = {"artifact": ctx.model.name, "deployed_model": deployed, "runtime": "htp",
@@ -25,8 +26,13 @@ def validation_accuracy(ctx: ContextBinary, dataset: Dataset, reference: list[Fe
                    **compare_quantized(run.outputs, reference, dataset, task_metric(reference, dataset, reference)),
                    "executed_on": run.latency_source}
     report.kpis.pop("diagnosis", None)
+    report.kpis["resolvable_drop"] = resolution(dataset, reference)
     report.limits = [Limit("task_metric_drop", maximum=thresholds.max_task_metric_drop),
                      Limit("cosine_similarity", minimum=thresholds.min_cosine_similarity)]
+    if (note := resolution_note(len(run.outputs), report.kpis["resolvable_drop"], thresholds, inference_s)):
+        report.notes.append(note)
     report.notes.extend(dataset.warnings)
     report.notes.extend(run.notes)
+    judge(report)
+    report.tables["intervals"] = interval_rows(report.kpis)
     return report
