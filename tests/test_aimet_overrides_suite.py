@@ -17,8 +17,12 @@ CNN_EXPORTS = sorted(name for name, info in json.loads((DATA / "manifest.json").
 @pytest.mark.parametrize("encodings", CNN_EXPORTS)
 def test_an_aimet_export_runs_through_ptq_on_the_htp_unchanged(pytester, session_cache_dir, encodings):
     kpi = pytester.path / "kpi.json"
+    # a random-weight CNN on random data: its arg-max sits near ties, so on 200 samples about 7 % of them flip
+    # between float and any 8-bit form (a decided drop); the test is about the encodings, held to cosine here
+    spec = pytester.path / "cnn.yaml"
+    spec.write_text(f"name: cnn\npath: {DATA / 'cnn.onnx'}\nthresholds: {{max_task_metric_drop: 0.3}}\n")
     result = pytester.runpytest_subprocess(
-        str(SUITES), "--device", "sm8650", "--model", str(DATA / "cnn.onnx"), "--quantization-overrides",
+        str(SUITES), "--device", "sm8650", "--model", str(spec), "--quantization-overrides",
         str(DATA / encodings), "-k", "ptq and not llm", "--cache-dir", str(session_cache_dir), "--kpi-json", str(kpi),
         "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
