@@ -90,6 +90,8 @@ def test_aimet_encodings_of_a_real_export_run_through_the_suites_unchanged(name,
         result = pytester.runpytest_subprocess(
             str(SUITES), "--device", "sm8650", "--model", str(user_spec), "--quantization-overrides", str(files[version]),
             "-k", "ptq and not llm", "--cache-dir", str(session_cache_dir), "--kpi-json", str(kpi), "-p", "no:cacheprovider")
-        result.assert_outcomes(passed=1)
-        ptq = next(r for r in json.loads(kpi.read_text())["records"] if r["step"] == "ptq")["kpis"]
+        record = next(r for r in json.loads(kpi.read_text())["records"] if r["step"] == "ptq")
+        # a corpus model's 16 samples may not resolve the 0.02 drop either way: inconclusive (exit 7), not failed
+        assert record["outcome"] in ("passed", "inconclusive") and result.ret in (0, 7), (version, record["message"])
+        ptq = record["kpis"]
         assert ptq["runtime"] == "htp" and "+overrides" in ptq["recipe"] and ptq["cosine_similarity"] > 0.98, version
