@@ -2,7 +2,7 @@
 difference of two paired proportions, a percentile bootstrap for statistics of paired samples (cosine, SQNR,
 task metrics), and the sample count a limit needs.
 
-These are the standard forms (scipy.stats.binomtest's Wilson interval; Newcombe 1998, Statistics in Medicine
+These are the standard forms (Wilson's score interval, the closed form scipy.stats.binomtest's also computes; Newcombe 1998, Statistics in Medicine
 17:2635, method 10, as Fagerland, Lydersen and Laake's contingencytables computes it; Efron's percentile
 bootstrap over samples with a fixed seed, so a verdict is reproducible for the same outputs).
 """
@@ -34,10 +34,8 @@ def wilson(successes: int, n: int, confidence: float = CONFIDENCE) -> Interval:
     """Return the Wilson score interval of a proportion successes / n (n = 0: the whole [0, 1])."""
     if n <= 0:
         return Interval(0.0, 1.0, 0, "wilson", confidence)
-    from scipy.stats import binomtest
-
-    ci = binomtest(int(successes), int(n)).proportion_ci(confidence_level=confidence, method="wilson")
-    return Interval(float(ci.low), float(ci.high), int(n), "wilson", confidence)
+    low, high = _wilson_bounds(successes / n, n, _z(confidence))
+    return Interval(low, high, int(n), "wilson", confidence)
 
 
 def bootstrap(statistic: Callable[[np.ndarray], float], n: int, confidence: float = CONFIDENCE,
