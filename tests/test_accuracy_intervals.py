@@ -83,6 +83,23 @@ def test_bootstrap_is_reproducible_and_brackets_the_value():
     assert a == b and a.low < values.mean() < a.high and a.method == "bootstrap"
 
 
+def test_bootstrap_on_few_samples_is_not_overconfident():
+    # a percentile bootstrap covers a mean about half the time on 2 samples and 73 % on 3; the expanded interval
+    # is near its nominal 95 % from 5 samples on, and a bounded statistic on fewer samples resolves nothing
+    rng = np.random.default_rng(3)
+    covered = 0
+    for trial in range(200):
+        x = rng.normal(0.0, 1.0, 6)
+        interval = stats.bootstrap(lambda idx: float(x[idx].mean()), 6, resamples=400, seed=trial)
+        covered += interval.low <= 0.0 <= interval.high
+    assert covered / 200 >= 0.9
+    two = np.array([0.97, 0.99])
+    assert stats.bootstrap(lambda idx: float(two[idx].mean()), 2, bounds=(-1.0, 1.0)) == stats.Interval(
+        -1.0, 1.0, 2, "bootstrap", 0.95)
+    wide = stats.bootstrap(lambda idx: float(two[idx].mean()), 2)
+    assert wide.low == 0.97 and wide.high == 0.99
+
+
 def test_limits_fail_only_beyond_the_interval_and_say_how_many_samples_would_decide():
     limits = [Limit("task_metric_drop", maximum=0.02)]
     straddling = {"task_metric_drop": 0.0, "intervals": {"task_metric_drop": stats.complement(stats.wilson(12, 12)).as_dict()}}

@@ -121,7 +121,7 @@ def accuracy_intervals(outputs: list[Feed], reference: list[Feed], dataset: Data
     metric when it is the cosine)."""
     n = len(outputs)
     sums = sample_sums([list(r.values()) for r in reference], [list(o.values()) for o in outputs])
-    cosine = stats.bootstrap(lambda idx: cosine_from_sums(sums[idx].sum(axis=0)), n)
+    cosine = stats.bootstrap(lambda idx: cosine_from_sums(sums[idx].sum(axis=0)), n, bounds=(-1.0, 1.0))
     sqnr = stats.bootstrap(lambda idx: sqnr_from_sums(sums[idx].sum(axis=0)), n)
     name, outcomes = task_outcomes(outputs, dataset, reference)
     if outcomes is None:
