@@ -222,3 +222,26 @@ def test_sampler_over_ssh_reads_configured_paths_and_is_measured(catalog, tmp_pa
     assert summary.zones["gpuss-0"].max_c == 51.5 and summary.max_temp_zone == "gpuss-0"
     assert summary.mean_power_w == pytest.approx(24.0)
     assert host.paths.power_supply is None and host.samples[0].power_w is None
+
+
+def test_energy_interval_widens_with_noisy_power_readings_and_decides_a_limit_only_beyond_it():
+    import numpy as np
+
+    from harness.kpi import Limit
+    from harness.steps.energy import energy_interval
+
+    def samples(powers_w, phase):
+        return [Sample(t_s=i * 0.1, unix_time_s=0.0, temps_c={}, current_ua=int(p * 1e6 / 4.0), voltage_uv=4_000_000,
+                       phase=phase) for i, p in enumerate(powers_w)]
+
+    rng = np.random.default_rng(0)
+    idle = samples(1.0 + rng.normal(0, 0.01, 20), "idle")
+    steady = samples(3.0 + rng.normal(0, 0.01, 50), "soak")
+    noisy = samples(3.0 + rng.normal(0, 1.0, 50), "soak")
+    quiet = energy_interval(steady, idle, 1.0, 0.001, 2.0)  # 2 W above idle x 1 ms = 2 mJ
+    loud = energy_interval(noisy, idle, 1.0, 0.001, 2.0)
+    assert quiet.low < 2.0 < quiet.high and quiet.high - quiet.low < 0.05
+    assert loud.high - loud.low > 10 * (quiet.high - quiet.low)
+    limit = Limit("energy_per_inference_mj", maximum=2.2)
+    assert limit.check(2.0, quiet).passed and limit.check(2.0, loud).inconclusive
+    assert energy_interval(steady[:6], idle, 1.0, 0.001, 2.0) is None  # too few readings for 5 blocks

@@ -24,7 +24,7 @@ from harness.models import Thresholds
 from harness.runner.client import DeviceRunner, latency_source
 from harness.steps.context_binary import ContextBinary
 from harness.steps.report import StepReport
-from harness.stats import unresolved, wilson
+from harness.stats import bootstrap, unresolved
 
 GRAPHS = ("prefill", "decode")
 
@@ -132,10 +132,11 @@ def llm_accuracy(float_pair: Pair, quantized: dict[str, Pair], shipped: str, win
                   for r in rows},
         "source": latency_source("htp", runner.device_platform()[0]),
     }
-    # Wilson over the prompts' greedy tokens (agreement = agreeing tokens / all of them); tokens of one prompt are
-    # not independent (a prompt that leaves the float path early loses the rest), so this is the optimistic width
-    agreeing = sum(agreements[shipped]["agreeing_tokens"])
-    report.kpis[INTERVALS_KEY] = {"greedy_agreement": wilson(agreeing, len(prompts) * max_new).as_dict()}
+    # tokens of one prompt are not independent (a prompt that leaves the float path early loses the rest): the
+    # prompt is the sample, so the interval is a bootstrap over prompts of their agreeing share
+    shares = np.array(agreements[shipped]["agreeing_tokens"], dtype=np.float64) / max_new
+    report.kpis[INTERVALS_KEY] = {"greedy_agreement": bootstrap(lambda idx: float(shares[idx].mean()), len(shares),
+                                                                bounds=(0.0, 1.0)).as_dict()}
     report.limits = [Limit("perplexity_increase", maximum=thresholds.max_perplexity_increase),
                      Limit("host_htp_perplexity_gap", maximum=thresholds.max_host_htp_perplexity_gap),
                      Limit("greedy_agreement", minimum=thresholds.min_greedy_agreement, marginal=0.0)]

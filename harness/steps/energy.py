@@ -10,6 +10,8 @@ never as a number. Figures are `emulated` on the harness's emulators, `measured`
 emulated device the inferences are the modelled HTP's (harness.emulator.device_time: busy back to back, each
 inference the modelled latency x the throttle factor), so the figure is (load - idle power) x the modelled
 latency, whatever the host's speed; the simulator's own inferences are `simulator_inferences`.
+The figure carries a 95 % interval from the spread of the power readings over the run (energy_interval): a
+limit fails only when the whole interval is beyond it, and is inconclusive when it straddles it.
 """
 
 from __future__ import annotations
@@ -17,10 +19,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from harness import charts
 from harness.data import Feed
-from harness.kpi import Limit
+from harness.kpi import INTERVALS_KEY, Interval, Limit
 from harness.models import Thresholds
+from harness.repeats import summary
 from harness.runner.client import DeviceRunner, SoakSpec
 from harness.soak import contention_note, host_contention, mean_power_w, soak_run
 from harness.steps.context_binary import ContextBinary
@@ -28,6 +33,7 @@ from harness.steps.report import StepReport
 
 CHARGER_STATUSES = ("charging", "full", "not charging")
 MIN_RUN_SAMPLES = 5
+ENERGY_BLOCKS = 5  # blocks of the run's power readings whose spread gives the energy figure's interval
 TAIL_S = 1.0  # sampling after the run, so energy reported late by the power readings is counted
 
 
@@ -88,6 +94,11 @@ def energy(ctx: ContextBinary, feeds: list[Feed], runner: DeviceRunner, threshol
         report.kpis.update(power_usable=True, energy_per_inference_mj=1000.0 * above_j / count,
                            energy_per_inference_total_mj=1000.0 * (above_j + idle_w * soak.duration_s) / count,
                            inferences_per_joule=count / above_j if above_j > 0 else None)
+        interval = energy_interval(busy, idle, idle_w, soak.duration_s / count, report.kpis["energy_per_inference_mj"])
+        if interval is not None:  # the blocks are what the regression step compares between sessions
+            blocks = energy_blocks_mj(busy, idle_w, soak.duration_s / count)
+            report.kpis.update(energy_blocks_mj=blocks, energy_noise_pct=summary(blocks).noise_pct)
+            report.kpis[INTERVALS_KEY] = {"energy_per_inference_mj": interval.as_dict()}
     if soak.emulated:
         contention = host_contention(soak.host, soak.simulator_windows)
         report.kpis.update(emulated_latency=run.report.get("emulated"), simulator_inferences=len(soak.iteration_s),
@@ -106,6 +117,34 @@ def energy(ctx: ContextBinary, feeds: list[Feed], runner: DeviceRunner, threshol
     (out_dir / "energy_samples.csv").write_text(soak.csv())
     report.artifacts["samples_csv"] = out_dir / "energy_samples.csv"
     return report
+
+
+def energy_blocks_mj(busy: list, idle_w: float, seconds_per_inference: float,
+                     blocks: int = ENERGY_BLOCKS) -> list[float]:
+    """Return the energy per inference (mJ) of each of `blocks` contiguous blocks of the run's power readings: the
+    block's mean power above idle x the time per inference ([] with fewer than two readings per block)."""
+    powers = np.array([s.power_w for s in busy if s.power_w is not None], dtype=np.float64)
+    if len(powers) < 2 * blocks:
+        return []
+    return [1000.0 * (float(chunk.mean()) - idle_w) * seconds_per_inference for chunk in np.array_split(powers, blocks)]
+
+
+def energy_interval(busy: list, idle: list, idle_w: float, seconds_per_inference: float,
+                    value_mj: float, blocks: int = ENERGY_BLOCKS) -> Interval | None:
+    """Return the 95 % interval of energy per inference (mJ) from the spread of the run's power readings: a
+    t-interval over energy_blocks_mj, widened by the idle mean's standard error (idle is subtracted from every
+    reading), centred on value_mj. None with fewer than two readings per block or in idle."""
+    from scipy.stats import t
+
+    per_block = np.array(energy_blocks_mj(busy, idle_w, seconds_per_inference, blocks))
+    idle_p = np.array([s.power_w for s in idle if s.power_w is not None], dtype=np.float64)
+    if per_block.size == 0 or len(idle_p) < 2:
+        return None
+    se_blocks = per_block.std(ddof=1) / np.sqrt(blocks)
+    se_idle = 1000.0 * idle_p.std(ddof=1) / np.sqrt(len(idle_p)) * seconds_per_inference
+    half = float(t.ppf(0.975, blocks - 1)) * float(np.hypot(se_blocks, se_idle))
+    samples = sum(1 for s in busy if s.power_w is not None)
+    return Interval(max(0.0, value_mj - half), value_mj + half, samples, "power blocks (t)")
 
 
 def energy_above_j(samples, idle_w: float) -> float:
