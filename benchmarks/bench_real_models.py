@@ -202,6 +202,7 @@ def bench(name: str, root: Path, device_id: str, devices, cache: ArtifactCache, 
             print(f"   folding (QDQ form on the HTP): {folding(ob, runner)}")
         return name, wall, busy, anything - busy, overhead
     finally:
+        runner.close()
         transport.close()
 
 

@@ -267,10 +267,9 @@ def write_allure_extras(results: Path, name: str = DEFAULT_NAME, versions: Mappi
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    from harness.files import write_text_atomically
+
+    write_text_atomically(path, text)
 
 
 def allure3_categories(results: Path) -> list[dict[str, Any]]:

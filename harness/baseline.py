@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
@@ -132,17 +131,12 @@ def check_save_dir(root: Path) -> None:
 def save_baseline(root: Path, snap: Snapshot) -> Path:
     """Write snap to baseline_path(root, ...) atomically (a temporary file renamed into place); return the
     path. Raises BaselineError naming the file when it cannot be written."""
+    from harness.files import write_text_atomically
+
     path = baseline_path(root, snap.device, snap.model)
-    tmp: str | None = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{snap.model}-", suffix=".json")
-        with os.fdopen(fd, "w") as f:
-            json.dump(snap.as_json(), f, indent=1, default=_json_default)
-        os.replace(tmp, path)
+    try:  # an interrupted write leaves no temporary file
+        write_text_atomically(path, json.dumps(snap.as_json(), indent=1, default=_json_default))
     except OSError as e:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
         raise BaselineError(f"cannot write the baseline {path}: {e.strerror or e}") from None
     return path
 

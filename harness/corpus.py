@@ -133,11 +133,9 @@ def model_path(root: Path, name: str) -> Path:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as f:
-        f.write(data)
-    os.chmod(f.name, 0o644)
-    os.replace(f.name, path)
+    from harness.files import write_atomically
+
+    write_atomically(path, data)
 
 
 # ------------------------------------------------------------------------------------------- downloads

@@ -17,6 +17,8 @@ from typing import Callable
 
 import numpy as np
 
+from harness.host_sessions import host_session_options
+
 SAMPLE_RATE = 16000
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
 IMAGENET_STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
@@ -328,9 +330,7 @@ def synthetic_audio(rng: np.random.Generator, seconds: float) -> np.ndarray:
 def _cpu_session(path: Path):
     import onnxruntime as ort
 
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(str(path), host_session_options(), providers=["CPUExecutionProvider"])
 
 
 def _melspec(session, audio: np.ndarray) -> np.ndarray:

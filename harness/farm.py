@@ -111,11 +111,10 @@ class FarmState:
         return data
 
     def _write(self, data: dict) -> None:
+        from harness.files import write_text_atomically
+
         assert self.path is not None
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".farm-", suffix=".json")
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-        os.replace(tmp, self.path)
+        write_text_atomically(self.path, json.dumps(data, indent=2, sort_keys=True))
 
     def quarantined(self) -> dict[str, Quarantine]:
         """Return the active quarantines by device id (none without a state file)."""
@@ -264,7 +263,8 @@ def _runner_starts(runner: "DeviceRunner") -> Check:
     if not info.get("qnn_ep"):
         return Check("runner", False, f"the device runner started but the QNN execution provider is missing "
                                       f"({info.get('error') or 'pip install onnxruntime-qnn on the device'})")
-    return Check("runner", True, f"runner {info.get('runner_version')}, onnxruntime {info.get('onnxruntime')}, "
+    served = f", persistent (pid {info['pid']})" if info.get("pid") else ""
+    return Check("runner", True, f"runner {info.get('runner_version')}{served}, onnxruntime {info.get('onnxruntime')}, "
                                  f"onnxruntime-qnn {info.get('onnxruntime_qnn')} on {info.get('machine')}")
 
 

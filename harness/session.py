@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -149,11 +147,13 @@ class DevicePool:
                 "health": self.health.get(device.id)}
 
     def close(self) -> None:
-        """Clean up every device's work directory (unless kept or lost) and close the transports."""
+        """Stop every device's persistent runner, clean up its work directory (unless kept or lost) and close
+        the transports."""
         errors: list[str] = []
         for device_id, runner in self._runners.items():
             transport: Transport = runner.transport
             try:
+                runner.close()
                 if not self._keep and self.failure(device_id) is None:
                     transport.cleanup()
             except HarnessError as e:  # one device's cleanup must not stop the others'
@@ -198,13 +198,11 @@ class HarnessSession:
         """Write the records to --kpi-json atomically (no-op without the option)."""
         if self.kpi_json is None:
             return
-        self.kpi_json.parent.mkdir(parents=True, exist_ok=True)
+        from harness.files import write_text_atomically
+
         payload = {"records": [r.__dict__ for r in self.records], "devices": self.device_summary(),
                    "environment": environment(self.started_at, time.monotonic() - self.started_monotonic)}
-        fd, tmp = tempfile.mkstemp(dir=self.kpi_json.parent, prefix=".kpi-", suffix=".json")
-        with os.fdopen(fd, "w") as f:
-            json.dump(payload, f, indent=2, default=_json_default)
-        os.replace(tmp, self.kpi_json)
+        write_text_atomically(self.kpi_json, json.dumps(payload, indent=2, default=_json_default))
 
 
     def device_summary(self) -> list[dict[str, Any]]:

@@ -10,11 +10,16 @@ MIN_EVAL_SAMPLES; Step 7's validation_accuracy, one pass, gets VALIDATION_BUDGET
 (the zoo's) are never cut: their task metric needs them. The count decides what the accuracy limits
 can resolve (harness.stats: 189 samples resolve a 0.02 drop of an agreement with none changed), and
 the data set's description says it before any step runs.
+
+A run may set both budgets in the environment (HARNESS_EVAL_BUDGET_S, HARNESS_VALIDATION_BUDGET_S, read
+when a process imports this module): a CI job over many slow models keeps each step's device time bounded
+that way, and the description names the variable beside the count and what it resolves.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,11 +27,35 @@ import numpy as np
 
 from harness.cache import ArtifactCache, content_key
 from harness.data import Feed, feeds_digest
+from harness.errors import ConfigError
 from harness.runner.client import DeviceRunner
 from harness.runner.device_runner import RUNNER_VERSION
 
-EVAL_BUDGET_S = 8.0  # device time for one pass over the evaluation samples
-VALIDATION_BUDGET_S = 30.0  # device time for Step 7's one pass of the context binary (validation_accuracy)
+EVAL_BUDGET_ENV = "HARNESS_EVAL_BUDGET_S"
+VALIDATION_BUDGET_ENV = "HARNESS_VALIDATION_BUDGET_S"
+
+
+def budget_from_env(name: str, default_s: float) -> float:
+    """Return the budget in seconds the environment variable name sets (more than 0), else default_s."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default_s
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise ConfigError(f"{name}={text!r}: expected a device-time budget in seconds, more than 0 "
+                          f"(unset, the default is {default_s:g} s)")
+    return value
+
+
+EVAL_BUDGET_S = budget_from_env(EVAL_BUDGET_ENV, 8.0)  # device time for one pass over the evaluation samples
+# device time for Step 7's one pass of the context binary (validation_accuracy)
+VALIDATION_BUDGET_S = budget_from_env(VALIDATION_BUDGET_ENV, 30.0)
+BUDGETS_FROM_ENV = {name: value for name, value in ((EVAL_BUDGET_ENV, EVAL_BUDGET_S),
+                                                     (VALIDATION_BUDGET_ENV, VALIDATION_BUDGET_S))
+                    if os.environ.get(name, "").strip()}  # the budgets this run set, named in the descriptions
 MIN_EVAL_SAMPLES = 2
 # onnxruntime's calibrators keep every intermediate tensor of every calibration sample in memory
 # before computing ranges (the histogram ones always; MinMax by default), and the sweep runs two
@@ -70,8 +99,9 @@ def count_reason(cost: InferenceCost, device_id: str, count: int, budget_s: floa
     """Return the sentence the data set's description carries about its evaluation count and what it resolves."""
     from harness.stats import resolvable_drop
 
+    source = next((f" (set by {name})" for name, value in BUDGETS_FROM_ENV.items() if value == budget_s), "")
     return (f"one HTP inference of the 8-bit model took {cost.inference_s:.3g} s on {device_id} "
-            f"({cost.latency_source}); {count} fit the evaluation budget of {budget_s:g} s per pass, "
+            f"({cost.latency_source}); {count} fit the evaluation budget of {budget_s:g} s per pass{source}, "
             f"minimum {MIN_EVAL_SAMPLES}; {count} samples resolve a drop of an agreement of at best "
             f"{resolvable_drop(count):.3g}")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,13 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="session")
 def session_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One artifact cache for the whole test session, so the zoo model is trained once."""
+    """Return one artifact cache for the whole test session, so the zoo models are trained once: a fresh
+    directory, or $HARNESS_TEST_CACHE_DIR when set (CI sets it to its run's cache, empty when the run starts,
+    so that its main job and test stages build each artifact once). Tests of the cache itself use their own."""
+    if os.environ.get("HARNESS_TEST_CACHE_DIR"):
+        path = Path(os.environ["HARNESS_TEST_CACHE_DIR"]).expanduser().resolve()
+        path.mkdir(parents=True, exist_ok=True)
+        return path
     return tmp_path_factory.mktemp("harness-cache")
 
 
@@ -54,3 +61,13 @@ def ctx(qdq: Path, cache: ArtifactCache, devices):
     from harness.steps.context_binary import compile_context
 
     return compile_context(qdq, devices.soc("sm8650"), cache)
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt_bundle(cache: ArtifactCache) -> Path:
+    """Return the built-in language model's directory in the session cache, trained once per session (once
+    per CI run with $HARNESS_TEST_CACHE_DIR): build_bundle's files and the exported prefill/decode graphs."""
+    from harness.model_sources import llm_files
+    from harness.models import resolve_model
+
+    return llm_files(resolve_model("tiny_gpt", {}, None), cache).tokenizer.parent

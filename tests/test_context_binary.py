@@ -22,8 +22,8 @@ def ctx_sm8550(qdq, cache, devices):
 
 
 def test_compile_writes_the_epcontext_wrapper_its_binary_and_a_sidecar(ctx, qdq):
-    assert sorted(p.name for p in ctx.directory.iterdir()) == ["context.json", "graph_cost.json", "model_ctx.onnx",
-                                                             "model_ctx_qnn.bin"]
+    assert sorted(p.name for p in ctx.directory.iterdir()) == [".cache-manifest.json", "context.json", "graph_cost.json",
+                                                             "model_ctx.onnx", "model_ctx_qnn.bin"]
     wrapper = onnx.load(str(ctx.model))
     (node,) = wrapper.graph.node
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}

@@ -131,7 +131,10 @@ def test_freezing_silero_sample_rate_folds_its_if_away(cache):
     assert report.kpis["folded"] > 100  # both branches of the If and its nested Ifs
 
 
-def test_freeze_folds_a_branch_and_rewrites_a_computed_clip(tmp_path, cache):
+def test_freeze_folds_a_branch_and_rewrites_a_computed_clip(tmp_path):
+    from harness.cache import ArtifactCache
+
+    cache = ArtifactCache(tmp_path / "cache")  # its own: the test checks a miss (the session cache may be warm)
     path = gated(tmp_path / "gated.onnx")
     report = _convert(path, cache, shapes={"x": (3, 4)}, freeze={"mode": 1})
     ops = _ops(report.artifacts["model"])

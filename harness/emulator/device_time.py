@@ -26,7 +26,6 @@ assumption, not a measurement.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -57,10 +56,10 @@ def record_graph_cost(directory: Path, source_model: Path) -> None:
     path = Path(directory) / GRAPH_COST_FILE
     if path.is_file():
         return
+    from harness.files import write_text_atomically
+
     cost = graph_cost(Path(source_model))
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps({"source_model": Path(source_model).name, **asdict(cost)}, indent=1) + "\n")
-    os.replace(tmp, path)
+    write_text_atomically(path, json.dumps({"source_model": Path(source_model).name, **asdict(cost)}, indent=1) + "\n")
 
 
 def graph_cost_of(model: Path) -> GraphCost | None:

@@ -509,10 +509,14 @@ def _charging(battery_dir: Path) -> bool:
 def _write(path: Path, text: str, mode: int | None = None) -> None:
     """Replace path's content atomically (a reader never sees a half-written value), with mode if given."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
-    tmp.write_text(text)
-    if mode is not None:
-        tmp.chmod(mode)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        if mode is not None:
+            tmp.chmod(mode)
+        os.replace(tmp, path)
+    except BaseException:  # interrupted (a signal) or failed: no temporary file stays behind
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def dumpsys_script(sandbox: Path, params: ThermalParams) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.host_sessions import host_session_options
 from harness.llm import convention
 from harness.runner import llm_runner
 from harness.steps.ptq import QuantRecipe
@@ -50,8 +51,7 @@ class _Recording(llm_runner.Graph):
     def __init__(self, path: Path, label: str) -> None:
         import onnxruntime as ort
 
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
+        options = host_session_options()
         super().__init__(ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]), label)
         self.calls: list[tuple[Feed, Feed]] = []
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from harness.errors import RunnerError
+from harness.host_sessions import host_session_options
 from harness.runner import llm_runner
 from harness.runner.client import DeviceRunner
 
@@ -56,8 +57,7 @@ def device_generate(runner: DeviceRunner, prefill: Path, decode: Path, prompts: 
 def _host_graph(model: Path, label: str, emulate_qdq: bool) -> llm_runner.Graph:
     import onnxruntime as ort
 
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
+    options = host_session_options()
     if emulate_qdq:  # keep every Q/DQ pair: the host's emulation of the HTP's quantized arithmetic
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:

@@ -24,6 +24,7 @@ pytest_plugins: list[str] = ["harness.plugin.performance", "harness.plugin.accur
 
 T = TypeVar("T")
 SESSION_KEY = pytest.StashKey["HarnessSession"]()
+SIGNALS_KEY = pytest.StashKey["SignalGuard"]()
 RECORD_PROPERTY = "harness_step_record"
 DEFAULT_DEVICE = "sm8650"
 
@@ -105,6 +106,9 @@ def _build_session(config: pytest.Config):
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    from harness.shutdown import install
+
+    config.stash[SIGNALS_KEY] = install()  # SIGTERM ends the run like Ctrl-C: teardown and device cleanup run
     config.addinivalue_line("markers", "step(name): the onboarding step a suite test checks")
     try:
         session = _build_session(config)
@@ -119,6 +123,16 @@ def _is_xdist_worker(config: pytest.Config) -> bool:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    try:
+        _close_session(config)
+    finally:
+        guard = config.stash.get(SIGNALS_KEY, None)
+        if guard is not None:
+            guard.restore()
+
+
+def _close_session(config: pytest.Config) -> None:
+    """Clean and close the session's devices (the controller's too under xdist)."""
     session = config.stash.get(SESSION_KEY, None)
     if session is None:
         return

@@ -9,9 +9,12 @@ whether its timings come from the HTP simulator or a device (see latency_source(
 from __future__ import annotations
 
 import json
+import logging
+import os
 import posixpath
 import shutil
 import tempfile
+import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,13 +24,17 @@ import numpy as np
 
 from harness.data import Feed, feeds_digest
 from harness.errors import ContextMismatchError, DeviceLostError, DeviceTimeoutError, RunnerError, TransportError
+from harness.runner.server_client import RunnerServer
 from harness.transports.base import CommandResult, Transport, sha256_file
 
 if TYPE_CHECKING:
     from harness.runner.qnn_net_run import QnnContextModel
 
+logger = logging.getLogger(__name__)
+
 RUNNER_SOURCE = Path(__file__).with_name("device_runner.py")
 RUNNER_REMOTE = "bin/device_runner.py"
+RUNNER_MODE_ENV = "HARNESS_RUNNER"  # "oneshot": a fresh runner process per call (debugging, benchmarks)
 CONTEXT_SIDECAR = "context.json"  # beside a compiled EPContext model: the SoC it was built for
 HTP_EP = "QNNExecutionProvider"
 
@@ -225,11 +232,20 @@ def _safe(name: str) -> str:
 
 
 class DeviceRunner:
-    """Runs models on one device through its transport with the device-side runner."""
+    """Runs models on one device through its transport with the device-side runner.
+
+    Where the transport can keep a process (Transport.can_stream) and the device runs the Python runner,
+    runs, soaks, concurrency runs and the self-check go to one persistent runner per device
+    (harness.runner.server_client, started on first use, restarted once when it dies during a call);
+    HARNESS_RUNNER=oneshot (or a call made while another is running) starts a fresh process instead.
+    close() stops the server.
+    """
 
     def __init__(self, transport: Transport, timeout_s: float = 900.0) -> None:
         self.transport = transport
         self.timeout_s = timeout_s
+        self._server: RunnerServer | None = None
+        self._server_lock = threading.Lock()
         self._deployed = False
         self._platform: tuple[str | None, str | None] | None = None  # the device's (machine, system)
         self._qnn_net_run = None  # harness.transports.adb.QnnNetRun, once deployed
@@ -241,10 +257,32 @@ class DeviceRunner:
             self.transport.push(RUNNER_SOURCE, RUNNER_REMOTE)
             self._deployed = True
 
+    @property
+    def persistent(self) -> bool:
+        """Return whether runner calls go to a persistent runner on the device (see the class docstring)."""
+        return (os.environ.get(RUNNER_MODE_ENV, "") != "oneshot" and self.transport.runner_kind == "python"
+                and self.transport.can_stream)
+
+    @property
+    def server_pid(self) -> int | None:
+        """Return the device-side pid of the persistent runner while it runs, else None."""
+        return self._server.pid if self._server is not None and self._server.alive() else None
+
+    def close(self) -> None:
+        """Stop the persistent runner (an `exit` request, then a kill); the next call would start another."""
+        with self._server_lock:
+            if self._server is not None:
+                self._server.close()
+                self._server = None
+
     def self_check(self) -> dict:
-        """Deploy the runner and run its --self_check; return what it reports (versions, QNN EP present).
+        """Deploy the runner and run its self-check (a ping of the persistent runner, which starts it, or
+        --self_check); return what it reports (versions, QNN EP present, the server's `pid`).
         Raises RunnerError when it does not start or prints no report."""
         self.deploy()
+        if self.persistent:
+            with self._server_lock:
+                return self._runner_server().ping()
         argv = [*self.transport.python, RUNNER_REMOTE, "--self_check"]
         result = self.transport.run(argv, timeout_s=120.0)
         try:
@@ -299,11 +337,30 @@ class DeviceRunner:
             return self.run_qnn_net_run(model, feeds, runtime, placement_only=placement_only,
                                         profiling_level=profiling_level, warmup=warmup, keep_dir=keep_dir,
                                         min_iterations=min_iterations, min_duration_s=min_duration_s)
-        argv = self._runner_argv(model, runtime, allow_cpu_fallback=allow_cpu_fallback,
-                                 placement_only=placement_only, profiling_level=profiling_level, warmup=warmup,
-                                 min_iterations=min_iterations, min_duration_s=min_duration_s,
-                                 intra_op_threads=intra_op_threads)
-        return self._execute(model, runtime, argv, None if placement_only else feeds, keep_dir)
+        for attempt in (1, 2):
+            argv = self._runner_argv(model, runtime, allow_cpu_fallback=allow_cpu_fallback,
+                                     placement_only=placement_only, profiling_level=profiling_level, warmup=warmup,
+                                     min_iterations=min_iterations, min_duration_s=min_duration_s,
+                                     intra_op_threads=intra_op_threads)
+            try:
+                return self._execute(model, runtime, argv, None if placement_only else feeds, keep_dir)
+            except HtpRefusedError:
+                raise
+            except RunnerError:
+                if attempt == 2 or not self._altered_on_device(model):
+                    raise
+        raise AssertionError("unreachable")
+
+    def _altered_on_device(self, model: Path) -> bool:
+        """Return whether the files pushed for model (or the runner itself) were altered on the device since
+        they were pushed; their remembered hashes are forgotten, so the next push sends them again."""
+        altered = self.transport.verify_pushed([posixpath.dirname(remote_model_path(model)), RUNNER_REMOTE])
+        if RUNNER_REMOTE in altered:
+            self._deployed = False
+        if altered:
+            logger.warning("[%s] %s changed on the device since they were pushed; pushing them again",
+                           self.transport.device_id, ", ".join(altered))
+        return bool(altered)
 
     def soak(self, model: Path, feeds: list[Feed], spec: "SoakSpec", runtime: str = "htp") -> RunResult:
         """Run model over feeds for spec's duration or iteration count in one runner process (after
@@ -408,10 +465,12 @@ class DeviceRunner:
                 argv += ["--input_list", self.push_feeds(feeds, tmp_dir / "in")]
             out_dir = tmp_dir / "out"
             try:
-                result = self.transport.run(argv, timeout_s=timeout_s or self.timeout_s)
+                result, restarted = self._invoke(argv, timeout_s or self.timeout_s)
                 report = self._pull_report(f"{job}/out", out_dir, argv, result)
             finally:
                 self.transport.remove(job)
+            if restarted:
+                report["runner_restarted"] = True
             if report.get("refused_nodes") is not None:
                 raise HtpRefusedError.from_report(model, report, self.transport, argv, result.rc)
             if report.get("error"):
@@ -426,9 +485,26 @@ class DeviceRunner:
                          iteration_s=[float(t) for t in report.get("iteration_s") or []],
                          measured_s=float((report.get("measurement") or report.get("soak") or {}).get("duration_s", 0.0)),
                          peak_rss_mb=report.get("peak_rss_mb"), machine=report.get("machine"),
-                         system=report.get("system"), notes=_emulated_notes(report),
+                         system=report.get("system"), notes=_emulated_notes(report) + _restart_notes(report),
                          emulated_s=([float(t) for t in report["emulated_iteration_s"]]
                                      if report.get("emulated_iteration_s") is not None else None))
+
+    def _invoke(self, argv: list[str], timeout_s: float) -> tuple[CommandResult, bool]:
+        """Run the runner's argv: a request to the persistent runner (see the class docstring), else a fresh
+        process; return its result and whether the persistent runner had to be restarted for it."""
+        if self.persistent and self._server_lock.acquire(blocking=False):
+            try:
+                reply = self._runner_server().run(argv[len(self.transport.python) + 1:], timeout_s)
+            finally:
+                self._server_lock.release()
+            return CommandResult(argv, reply.rc, "", reply.stderr, reply.duration_s), reply.restarted
+        return self.transport.run(argv, timeout_s=timeout_s), False
+
+    def _runner_server(self) -> RunnerServer:
+        """Return the device's persistent runner (created, not yet started, on first use; lock held)."""
+        if self._server is None:
+            self._server = RunnerServer(self.transport, [*self.transport.python, RUNNER_REMOTE])
+        return self._server
 
     def _runner_argv(self, model: Path, runtime: str, *, allow_cpu_fallback: bool, placement_only: bool,
                      profiling_level: str, warmup: int, min_iterations: int, min_duration_s: float,
@@ -596,6 +672,14 @@ def _emulated_notes(report: dict) -> list[str]:
     if emulated and emulated.get("basis") == "simulator":
         return ["the emulated HTP had no modelled latency (--emulated_latency_ms): its modelled time is the "
                 "simulator's, which follows the host's speed"]
+    return []
+
+
+def _restart_notes(report: dict) -> list[str]:
+    """Return what a runner report says about a persistent runner restarted for its call."""
+    if report.get("runner_restarted"):
+        return ["the device's persistent runner ended during this call (a crash or a kill); it was restarted "
+                "and the call ran again"]
     return []
 
 

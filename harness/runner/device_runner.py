@@ -42,24 +42,48 @@ Emulated devices: where HARNESS_EMULATED_NPU_DIR is set (only the harness's emul
          `latency_source: emulated`; the simulator's under `simulator_*`). Nothing sleeps to stretch a throttled
          inference. `host` records the machine's 1-minute load average at start and end. On a real device
          nothing changes (no emulated_* keys).
+Serving: `device_runner.py --serve` keeps one process alive for a device session (the host starts it over the
+         transport: a local process, an SSH exec channel, an adb shell v2 stream) and answers requests, one
+         JSON object per line on stdin, one reply per line on stdout:
+           {"id": N, "op": "run", "argv": [...], "cwd": "."} -> {"id": N, "rc": exit code, "pid": P}
+               does what `device_runner.py ARGV` does (cwd relative to the server's start directory): the same
+               OUTPUT_DIR/runner_report.json, the same exit code;
+           {"id": N, "op": "ping"} -> {"id": N, "rc": 0, "pid": P, "info": {--self_check's report}};
+           {"id": N, "op": "exit"} -> {"id": N, "rc": 0, "pid": P}, then the server exits.
+         A line that is not a request gets {"id": null, "rc": 2, "error": ...}. Replies go to a private copy of
+         the original stdout; fd 1 is pointed at stderr at start, so that native libraries printing to stdout
+         (QNN's logs) cannot corrupt them. End of stdin (the host went away) ends the server, at once even in
+         the middle of a request (its children, the processes-mode copies, with it). Served runs cache their
+         InferenceSessions (an LRU of SESSION_CACHE_SIZE) by content: the model's path, the size and mtime of
+         the files beside it named after it (.bin/.data siblings) and context.json, runtime, htp_arch,
+         soc_model, CPU fallback and intra-op threads. A profiling session is never cached (the QNN EP writes its
+         profile when the session is released); --placement_only always creates its session (it is how load time
+         is measured) and leaves it in the cache; a run that fails drops its session. The report says
+         `session_cached` (true: reused); `load_s` is this call's time to have a session (a reused one: ~0),
+         while `session_create_s` stays the session's creation time (a reused session's, from when it was
+         created: load KPIs read it, never 0 s for a reuse). `peak_rss_mb` is this request's peak (the peak is
+         reset per request where /proc/self/clear_refs allows; else the server's). `pid` is the runner's process.
 Exit codes: 0 ok, 2 bad input or model, 3 runtime failure.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import platform
 import re
+import signal
 import subprocess
 import sys
 import threading
 import time
 import traceback
 
-RUNNER_VERSION = "5"  # 2: the machine it ran on; 3: the nodes the HTP refused; 4: soak, telemetry, concurrency;
-# 5: an emulated device's modelled time (--emulated_latency_ms, emulated_iteration_s), the host's load
+RUNNER_VERSION = "6"  # 2: the machine it ran on; 3: the nodes the HTP refused; 4: soak, telemetry, concurrency;
+# 5: an emulated device's modelled time (--emulated_latency_ms, emulated_iteration_s), the host's load;
+# 6: --serve (one persistent process per device session), sessions cached by content (session_cached), pid
 
 
 class RunnerFailure(Exception):
@@ -175,14 +199,18 @@ class EmulatedNpu:
     inferences of a span are its length / (latency x factor), whatever the simulator's speed. A single inference
     outside a loop adds its modelled time. Nothing sleeps: throttling changes modelled time, not wall time.
     Without --emulated_latency_ms the simulator's own time stands in (basis "simulator"). Thread-safe.
+    `busy.<pid>` is cumulative over the process: a served runner's next request continues from the last
+    one's total (carried_s), so the thermal model never sees it go back.
     """
+
+    carried_s = 0.0  # the busy seconds this process's earlier requests wrote (a served runner's)
 
     def __init__(self, directory, latency_s=None, share=1.0):
         self.directory = directory
         self.path = os.path.join(directory, "busy.%d" % os.getpid())
         self.latency_s = latency_s
         self.share = share
-        self.busy_s = 0.0
+        self.busy_s = self.start_busy_s = EmulatedNpu.carried_s
         self.factor = 1.0
         self._active = 0
         self._since = time.perf_counter()
@@ -308,6 +336,7 @@ class EmulatedNpu:
         self._stop.set()
         self._thread.join(timeout=2 * NPU_SYNC_S + 1)
         self.sync()
+        EmulatedNpu.carried_s = self.busy_s
 
 
 def modelled_count(segments):
@@ -870,6 +899,58 @@ def _load_input(np, file, meta):
     return data.reshape(shape).astype(_NP_TYPES.get(meta.type, "float32"))
 
 
+SESSION_CACHE_SIZE = 8
+_SESSIONS = collections.OrderedDict()  # a served runner's sessions by session_key, least recently used first
+_serving = False  # set by serve(): only a persistent runner caches sessions
+
+
+def session_key(args):
+    """Return the cache key of args' session (see the module docstring), or None when it must not be cached."""
+    if not _serving or args.profiling_level != "off":
+        return None
+    model = os.path.abspath(args.model)
+    directory, stem = os.path.dirname(model), os.path.splitext(os.path.basename(model))[0]
+    files = []
+    for name in sorted(os.listdir(directory)):  # the model, its .bin/.data siblings, context.json
+        path = os.path.join(directory, name)
+        if (name.startswith(stem) or name == CONTEXT_SIDECAR) and os.path.isfile(path):
+            st = os.stat(path)
+            files.append((name, st.st_size, st.st_mtime_ns))
+    return (model, tuple(files), args.runtime, args.htp_arch, args.soc_model, args.allow_cpu_fallback,
+            args.intra_op_threads)
+
+
+def session_for(ort, args, report):
+    """Return args' session: a served runner's cached one when it has it (report: session_cached, the cached
+    session's session_create_s and provider options), else a new one (cached when session_key allows)."""
+    key = session_key(args)
+    t0 = time.perf_counter()
+    if key is not None and key in _SESSIONS and not args.placement_only:
+        _SESSIONS.move_to_end(key)
+        session, created = _SESSIONS[key]
+        report.update(created)
+        report["session_cached"] = True
+    else:
+        session = make_session(ort, args, report)
+        report["session_cached"] = False
+        if key is not None:
+            _SESSIONS.pop(key, None)
+            _SESSIONS[key] = (session, {k: report[k] for k in ("session_create_s", "provider_options") if k in report})
+            while len(_SESSIONS) > SESSION_CACHE_SIZE:
+                _SESSIONS.popitem(last=False)
+    report["load_s"] = time.perf_counter() - t0
+    return session
+
+
+def forget_session(args):
+    """Drop args' cached session (after the runtime failed on it)."""
+    try:
+        key = session_key(args)
+    except OSError:
+        return
+    _SESSIONS.pop(key, None)
+
+
 def make_session(ort, args, report, model=None):
     model = model or args.model
     so = _session_options(ort, args)
@@ -924,10 +1005,68 @@ def make_session(ort, args, report, model=None):
 def _session_options(ort, args):
     so = ort.SessionOptions()
     so.log_severity_level = 3
+    # idle thread-pool threads sleep instead of spinning, so they leave the cores to other runners on the host
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    if _pin_simulator(args.runtime == "htp") is not None and args.runtime == "htp":
+        so.intra_op_num_threads = 1  # the CPU parts share the simulator's one core
     if args.intra_op_threads > 0:
         so.intra_op_num_threads = args.intra_op_threads
     so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
     return so
+
+
+SIM_CPUS_ENV = "HARNESS_SIMULATOR_CPUS"  # the CPUs the simulators of this host share ("0,1"); "off": no pinning
+_sim_slot = []  # [open slot file, CPU, the shared CPUs] once this process is pinned
+
+
+def _pin_simulator(htp=True):
+    """Pin this process to one CPU where the HTP backend is Qualcomm's simulator (x86-64); return the CPU or None.
+
+    The simulator runs 11 threads per process (thr_hvx_0..7, thr_hmx_0, thr_hlx_0..1) that wait by calling
+    sched_yield in a loop: spread over every core they burn the CPU time other simulators on the host need (two
+    runners on 2 cores: 1.19x one runner's throughput unpinned, 1.80x pinned; one runner is no slower pinned;
+    benchmarks/bench_farm.py). The CPU is the one fewest other runners hold: a flock per (CPU, holder) under the
+    temp directory, released when this process exits. Sessions take the calling thread's CPUs: for a CPU-runtime
+    session (htp False) of a pinned process (a persistent runner) the calling thread gets the shared CPUs back, so
+    that its thread pool uses every core, and the next HTP session pins it again."""
+    if _sim_slot:
+        try:
+            os.sched_setaffinity(0, {_sim_slot[1]} if htp else set(_sim_slot[2]))  # 0: the calling thread
+        except OSError:
+            pass
+        return _sim_slot[1]
+    if not htp or platform.machine().lower() not in ("x86_64", "amd64") or not hasattr(os, "sched_setaffinity"):
+        return None
+    import fcntl
+    import tempfile
+
+    shared = os.environ.get(SIM_CPUS_ENV) or ",".join(map(str, sorted(os.sched_getaffinity(0))))
+    cpus = [int(c) for c in shared.split(",")] if shared != "off" else []
+    if len(cpus) < 2:
+        return None
+    os.environ[SIM_CPUS_ENV] = shared  # copies of this runner (--concurrency_mode processes) spread over them too
+    directory = os.path.join(tempfile.gettempdir(), "htp-simulator-cpus")
+    try:
+        os.makedirs(directory, exist_ok=True)
+        for holder in range(64):
+            for cpu in cpus:
+                slot = open(os.path.join(directory, "cpu%d.%d.lock" % (cpu, holder)), "a")
+                try:
+                    fcntl.flock(slot, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    slot.close()
+                    continue
+                for tid in os.listdir("/proc/self/task"):  # every thread; the ones started later inherit it
+                    try:
+                        os.sched_setaffinity(int(tid), {cpu})
+                    except OSError:  # the thread has ended
+                        pass
+                _sim_slot[:] = [slot, cpu, cpus]
+                return cpu
+    except OSError:
+        pass
+    return None
 
 
 def off_htp_nodes(ort, args, devices, options, model):
@@ -950,7 +1089,13 @@ def placement(session):
 
 
 def self_check():
-    """Print what this device's runner can use (numpy, onnxruntime, the QNN EP) as JSON; return the exit code."""
+    """Print what this device's runner can use (self_check_info) as JSON; return the exit code."""
+    print(json.dumps(self_check_info()))
+    return 0
+
+
+def self_check_info():
+    """Return what this device's runner can use: numpy, onnxruntime, the QNN EP (an error is reported, not raised)."""
     info = {"runner_version": RUNNER_VERSION, "machine": platform.machine(), "system": platform.system(),
             "python": platform.python_version(), "qnn_ep": False, "error": None}
     try:
@@ -969,18 +1114,110 @@ def self_check():
         info["qnn_ep"] = any(d.ep_name == "QNNExecutionProvider" for d in ort.get_ep_devices())
     except Exception as e:  # reported, not raised: the host decides what is missing
         info["error"] = "%s: %s" % (type(e).__name__, e)
-    print(json.dumps(info))
-    return 0
+    return info
+
+
+def serve(stdin=None):
+    """Answer requests on stdin until `exit` or end of input (protocol: the module docstring); never returns."""
+    global _serving
+    _serving = True
+    frames = os.fdopen(os.dup(1), "w", buffering=1)  # the private channel for replies
+    os.dup2(2, 1)  # anything printing to stdout (Python or native) goes to stderr
+    stdin = stdin or sys.stdin.buffer
+    start_dir = os.getcwd()
+    requests = []
+    arrived = threading.Condition()
+    busy = threading.Event()
+
+    def read():
+        for line in iter(stdin.readline, b""):
+            with arrived:
+                requests.append(line)
+                arrived.notify()
+        if busy.is_set():  # the host went away in the middle of a request: nobody waits for its answer
+            _abandon()
+        with arrived:
+            requests.append(None)
+            arrived.notify()
+
+    threading.Thread(target=read, name="requests", daemon=True).start()
+    while True:
+        with arrived:
+            while not requests:
+                arrived.wait()
+            line = requests.pop(0)
+        if line is None:
+            _exit(frames)
+        try:
+            request = json.loads(line)
+            op = request.get("op", "run")
+        except (ValueError, AttributeError) as e:
+            _reply(frames, {"id": None, "rc": 2, "error": "not a request: %s" % e})
+            continue
+        reply = {"id": request.get("id"), "rc": 0, "pid": os.getpid()}
+        if op == "ping":
+            reply["info"] = self_check_info()
+        elif op == "run":
+            busy.set()
+            _reset_peak_rss()
+            try:
+                os.chdir(os.path.join(start_dir, request.get("cwd") or "."))
+                reply["rc"] = main([str(a) for a in request.get("argv") or []])
+            except SystemExit as e:  # argparse's usage errors
+                reply["rc"] = e.code if isinstance(e.code, int) else 2
+            except Exception as e:
+                print("runner: %s: %s" % (type(e).__name__, e), file=sys.stderr)
+                reply["rc"] = 3
+            finally:
+                os.chdir(start_dir)
+                busy.clear()
+                sys.stderr.flush()
+        elif op != "exit":
+            reply.update(rc=2, error="unknown op %r" % op)
+        _reply(frames, reply)
+        if op == "exit":
+            _exit(frames)
+
+
+def _exit(frames):
+    """End the server now (the request reader may hold stdin: no interpreter shutdown to wait on it)."""
+    frames.close()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _reply(frames, reply):
+    frames.write(json.dumps(reply) + "\n")
+    frames.flush()
+
+
+def _reset_peak_rss():
+    """Reset this process's peak RSS (VmHWM) where Linux allows it, so that a request reports its own."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def _abandon():
+    """End this process at once, with its process group when it leads one (the processes-mode copies)."""
+    sys.stderr.flush()
+    if os.getpgrp() == os.getpid():
+        os.killpg(os.getpid(), signal.SIGKILL)
+    os._exit(1)
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--self_check"]:
         return self_check()
+    if argv[:1] == ["--serve"]:
+        return serve()
     args = parse_args(argv)
     os.makedirs(args.output_dir, exist_ok=True)
     report = {"runner_version": RUNNER_VERSION, "runtime": args.runtime, "model": args.model, "error": None,
-              "machine": platform.machine(), "system": platform.system()}
+              "machine": platform.machine(), "system": platform.system(), "pid": os.getpid(), "served": _serving}
     report_path = os.path.join(args.output_dir, "runner_report.json")
     code = 0
     latency_ms = args.emulated_latency_ms[0] if args.emulated_latency_ms else None
@@ -999,9 +1236,7 @@ def main(argv=None):
         if not os.path.isfile(args.model):
             raise RunnerFailure(f"model not found: {args.model}")
         check_context_target(args, report)
-        t0 = time.perf_counter()
-        session = make_session(ort, args, report)
-        report["load_s"] = time.perf_counter() - t0
+        session = session_for(ort, args, report)
         report["placement"] = placement(session)
         if not args.placement_only:
             if not args.input_list:
@@ -1051,9 +1286,10 @@ def main(argv=None):
     except Exception as e:  # report anything the runtime raised, with its own words
         report["error"], code = f"{type(e).__name__}: {e}", 3
         report["traceback"] = traceback.format_exc()
+        forget_session(args)
     if npu is not None:
         npu.close()
-        report["emulated"]["busy_s"] = npu.busy_s
+        report["emulated"]["busy_s"] = npu.busy_s - npu.start_busy_s
     report["host"]["loadavg_1m"].append(host_load())
     report["peak_rss_mb"] = peak_rss_mb()
     with open(report_path + ".part", "w") as f:

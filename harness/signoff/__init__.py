@@ -18,7 +18,6 @@ Exit codes: 0 GO, 1 NO-GO, 2 bad input (no results, an unreadable KPI JSON or Al
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -65,10 +64,9 @@ def build_signoff(results: list[Path], out: Path, title: str = DEFAULT_TITLE, ex
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    from harness.files import write_text_atomically
+
+    write_text_atomically(path, text)
 
 
 def summary_lines(signoff: Signoff) -> list[str]:

@@ -5,7 +5,8 @@ QNN EP's EP-context generation: `ep.context_enable=1` writes `model_ctx.onnx`, a
 wrapper, and `model_ctx_qnn.bin`, the serialized HTP context. The pair is cached per
 (model content, SoC, options, toolchain) with a `context.json` sidecar recording the SoC it
 was built for; the same record goes into the wrapper's metadata_props. The runner client and
-the device runner refuse to run a binary on a device of another SoC.
+the device runner refuse to run a binary on a device of another SoC. A cached binary the device runner
+cannot load is discarded and compiled again once (reported in the step's notes).
 """
 
 from __future__ import annotations
@@ -13,16 +14,16 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from harness.cache import ArtifactCache, content_key
 from harness.devices import SocSpec
-from harness.errors import StepError
+from harness.errors import RunnerError, StepError
 from harness.kpi import Limit
-from harness.runner.client import CONTEXT_SIDECAR, ContextTarget, DeviceRunner
+from harness.runner.client import CONTEXT_SIDECAR, ContextTarget, DeviceRunner, HtpRefusedError, RunResult
 from harness.steps.report import StepReport
 from harness.transports.base import sha256_file
 
@@ -34,11 +35,14 @@ LOAD_REPEATS = 3  # load-time measurements per model; the median is reported
 
 @dataclass(frozen=True)
 class ContextBinary:
-    """A compiled context binary in the cache: its directory, sidecar record, and whether it was reused."""
+    """A compiled context binary in the cache: its directory, sidecar record, whether it was reused, what was
+    wrong with the cached one when it was rebuilt, and how to rebuild it (discarding the cached one) for a reason."""
 
     directory: Path
     info: dict[str, Any]
     hit: bool
+    healed: str | None = None
+    rebuild: Callable[[str], "ContextBinary"] | None = field(default=None, compare=False, repr=False)
 
     @property
     def model(self) -> Path:
@@ -144,7 +148,13 @@ def compile_context(model: Path, soc: SocSpec, cache: ArtifactCache, *,
     from harness.emulator.device_time import record_graph_cost
 
     record_graph_cost(entry.path, model)  # the graph's cost, for an emulated device's modelled time
-    return ContextBinary(entry.path, json.loads((entry.path / CONTEXT_SIDECAR).read_text()), entry.hit)
+
+    def rebuild(reason: str) -> ContextBinary:
+        cache.invalidate("context_binary", key, reason)
+        return compile_context(model, soc, cache, allow_cpu_fallback=allow_cpu_fallback)
+
+    return ContextBinary(entry.path, json.loads((entry.path / CONTEXT_SIDECAR).read_text()), entry.hit,
+                         entry.healed, rebuild)
 
 
 def _ep_sdk_version(ctx: Path) -> str | None:
@@ -178,8 +188,9 @@ def context_binary(ctx: ContextBinary, qdq_model: Path, runner: DeviceRunner) ->
 
     fallback = bool(ctx.info["options"]["allow_cpu_fallback"])
     loads: dict[str, list[float]] = {"context": [], "jit": []}
-    for _ in range(LOAD_REPEATS):  # alternating, so that a busy moment on the device hits both alike
-        loaded = runner.run(ctx.model, None, "htp", placement_only=True)
+    ctx, first = _load_or_rebuild(ctx, qdq_model, runner)
+    for i in range(LOAD_REPEATS):  # alternating, so that a busy moment on the device hits both alike
+        loaded = first if i == 0 else runner.run(ctx.model, None, "htp", placement_only=True)
         jit = runner.run(qdq_model, None, "htp", placement_only=True, allow_cpu_fallback=fallback)
         loads["context"].append(float(loaded.report.get("session_create_s", loaded.load_s)))
         loads["jit"].append(float(jit.report.get("session_create_s", jit.load_s)))
@@ -203,6 +214,42 @@ def context_binary(ctx: ContextBinary, qdq_model: Path, runner: DeviceRunner) ->
     }
     # Shipping a binary that loads slower than compiling the QDQ model on the device buys nothing.
     report.limits = [Limit("load_speedup", minimum=1.0, marginal=0.2)]
+    if ctx.healed:
+        report.notes.append(f"the cached context binary in {ctx.directory} was damaged ({ctx.healed}); "
+                            "it was discarded and compiled again")
     report.tables["placement"] = placement
     report.artifacts.update({"context_model": ctx.model, "context_sidecar": ctx.directory / CONTEXT_SIDECAR})
     return report
+
+
+def _load_or_rebuild(ctx: ContextBinary, qdq_model: Path, runner: DeviceRunner) -> tuple[ContextBinary, RunResult]:
+    """Load ctx on the device (session creation only); when the runner cannot load it, discard the cached
+    binary, compile it again and load that once. Return the binary loaded and its run.
+
+    Raises StepError naming the files when the rebuilt binary cannot be loaded either (or cannot be rebuilt).
+    """
+    try:
+        return ctx, runner.run(ctx.model, None, "htp", placement_only=True)
+    except HtpRefusedError:
+        raise
+    except RunnerError as e:
+        why = _first_line(e)
+    files = ", ".join(p.name for p in ctx.files)
+    if ctx.rebuild is None:
+        raise StepError(f"the device runner could not load the context binary {ctx.model} ({files}): {why}; "
+                        f"delete {ctx.directory} to have it compiled again") from None
+    rebuilt = ctx.rebuild(f"the device runner could not load it: {why}")
+    try:
+        return rebuilt, runner.run(rebuilt.model, None, "htp", placement_only=True)
+    except HtpRefusedError:
+        raise
+    except RunnerError as e:
+        again = _first_line(e)
+        raise StepError(f"the device runner could not load the context binary {ctx.model} ({files}), neither as "
+                        f"cached nor compiled again from {Path(qdq_model).name}: {again}"
+                        + ("" if again == why else f" (the cached one: {why})")) from None
+
+
+def _first_line(error: Exception) -> str:
+    """Return the first line of an error's message."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]

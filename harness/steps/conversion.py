@@ -278,7 +278,10 @@ def convert(source: Path, fixed_model: Path, spec: ModelSpec, cache: ArtifactCac
         (out / REPORT_FILE).write_text(json.dumps(summary, indent=1, default=str))
 
     entry = cache.entry("converted", _cache_key(source, fixed_model, spec), build)
-    return _report(entry.path, fixed_model, spec, entry.hit)
+    report = _report(entry.path, fixed_model, spec, entry.hit)
+    if entry.healed:
+        report.notes.append(f"the cached converted model was damaged ({entry.healed}); it was converted again")
+    return report
 
 
 def _applied(transforms: list[dict]) -> list[str]:

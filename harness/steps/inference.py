@@ -9,6 +9,7 @@ import numpy as np
 from harness.cache import ArtifactCache, content_key
 from harness.data import Dataset, Feed, feeds_digest
 from harness.errors import StepError
+from harness.host_sessions import host_session_options
 from harness.metrics import DECISION_THRESHOLD, cosine_similarity, is_classifier_output, is_probability_output, top1
 
 
@@ -16,8 +17,7 @@ def run_host(model: Path, feeds: list[Feed]) -> list[Feed]:
     """Return the outputs of model on the host's onnxruntime CPU EP, one dict per feed."""
     import onnxruntime as ort
 
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
+    so = host_session_options()
     session = ort.InferenceSession(str(model), so, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     return [dict(zip(names, session.run(names, feed))) for feed in feeds]
@@ -29,8 +29,7 @@ def host_qdq_run(model: Path, feeds: list[Feed], names: list[str] | None = None,
     Raises StepError naming the model."""
     import onnxruntime as ort
 
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
+    so = host_session_options()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.intra_op_num_threads = threads
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -56,7 +57,7 @@ def quantize(model: Path, calibration: list[Feed], recipe: QuantRecipe, cache: A
     key = content_key("qdq-v1", model, feeds_digest(calibration), asdict(recipe))
 
     def build(out: Path) -> None:
-        from onnxruntime.quantization import CalibrationMethod, QuantType, quantize as ort_quantize
+        from onnxruntime.quantization import CalibrationMethod, QuantType
         from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
         from harness.calibration import FeedReader
@@ -69,11 +70,55 @@ def quantize(model: Path, calibration: list[Feed], recipe: QuantRecipe, cache: A
                 per_channel=recipe.per_channel, activation_symmetric=recipe.activation_symmetric,
                 weight_symmetric=recipe.weight_symmetric, init_overrides=overrides or None)
             with _quiet_preprocess_hint():
-                ort_quantize(str(model), str(out / "model.onnx"), config)
+                _quantize_static(model, out / "model.onnx", config, calibration, cache)
         except Exception as e:
             raise StepError(f"quantizing {model.name} with {recipe.name} failed: {type(e).__name__}: {e}") from None
 
     return cache.entry("qdq", key, build).path / "model.onnx"
+
+
+# onnxruntime's calibrator options that change the ranges it computes (quantize_static's calib_extra_options)
+_CALIBRATION_OPTIONS = ("CalibTensorRangeSymmetric", "CalibMovingAverage", "CalibMovingAverageConstant",
+                        "CalibPercentile", "CalibStridedMinMax", "SmoothQuant", "SmoothQuantAlpha")
+
+
+def _quantize_static(model: Path, output: Path, config, calibration: list[Feed], cache: ArtifactCache) -> None:
+    """Quantize model to output with onnxruntime's StaticQuantConfig, calibrating once per (model, data, method,
+    calibrator options): the ranges go to onnxruntime's own calibration cache (calibration_cache_path) in the
+    artifact cache, so recipes that differ only in bit widths, per-channel weights or tensor overrides (the
+    sweep's, mixed precision's candidates) reuse them instead of running the calibration data again."""
+    from filelock import FileLock
+    from onnxruntime.quantization import quantize_static
+
+    options = config.extra_options or {}
+    key = content_key("calibration-ranges-v1", model, feeds_digest(calibration), str(config.calibrate_method),
+                      {k: options[k] for k in _CALIBRATION_OPTIONS if k in options},
+                      sorted(config.op_types_to_quantize or []))
+    ranges = cache.root / "calibration_ranges" / f"{key}.json"
+    ranges.parent.mkdir(parents=True, exist_ok=True)
+
+    def run(calibration_cache: Path) -> None:
+        quantize_static(str(model), str(output), config.calibration_data_reader,
+                        calibrate_method=config.calibrate_method, quant_format=config.quant_format,
+                        activation_type=config.activation_type, weight_type=config.weight_type,
+                        op_types_to_quantize=config.op_types_to_quantize,
+                        nodes_to_quantize=config.nodes_to_quantize, nodes_to_exclude=config.nodes_to_exclude,
+                        per_channel=config.per_channel, reduce_range=config.reduce_range,
+                        use_external_data_format=config.use_external_data_format,
+                        calibration_providers=config.calibration_providers, extra_options=config.extra_options,
+                        calibration_cache_path=str(calibration_cache))
+
+    if ranges.is_file():
+        return run(ranges)
+    with FileLock(str(ranges) + ".lock"):
+        if ranges.is_file():
+            return run(ranges)
+        part = ranges.with_name(f".{key}.{os.getpid()}.part")  # onnxruntime writes it in place: renamed when whole
+        try:
+            run(part)
+            os.replace(part, ranges)
+        finally:
+            part.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import posixpath
+import select
 import shlex
 import shutil
 import socket
@@ -35,7 +36,7 @@ from adbutils.errors import AdbError
 
 from harness.errors import ConfigError, DeviceTimeoutError, TransientTransportError, TransportError
 from harness.transports.base import PushResult
-from harness.transports.shell import (CommandInterrupted, ShellTransport, kill_line, split_pid,
+from harness.transports.shell import (CommandInterrupted, ShellStream, ShellTransport, kill_line, split_pid,
                                       with_pid_marker)
 
 logger = logging.getLogger(__name__)
@@ -191,8 +192,31 @@ class AdbTransport(ShellTransport):
         except (EOFError, OSError) as e:
             raise CommandInterrupted(f"the adb stream closed while the command ran ({e})",
                                      device=self.device_id) from None
+        except BaseException as e:
+            if not isinstance(e, TransportError):  # interrupted here (Ctrl-C, SIGTERM): stop it on the device
+                self._kill_interrupted(conn, err)
+            raise
         finally:
             _close(conn)
+
+    def _kill_interrupted(self, conn, err: bytearray) -> None:  # type: ignore[no-untyped-def]
+        """Kill the process group of a command whose wait was interrupted on the host, reading up to 2 s
+        more of its stream when its pid line has not arrived yet."""
+        deadline = time.monotonic() + 2.0
+        try:
+            while b"\n" not in err:
+                header = _read_exact(conn.conn, 5, deadline)
+                data = _read_exact(conn.conn, struct.unpack("<I", header[1:])[0], deadline)
+                if header[0] == 2:
+                    err += data
+                elif header[0] == 3:
+                    return  # it has exited
+        except (socket.timeout, EOFError, OSError):
+            pass
+        _close(conn)
+        pid, _stderr = split_pid(err.decode(errors="replace"))
+        if pid is not None:
+            self._kill(pid)
 
     def _exec_legacy(self, command: str, timeout_s: float) -> tuple[int, bytes, str]:
         """Old devices without shell v2: stdout and stderr merged, exit code echoed after a marker."""
@@ -218,6 +242,14 @@ class AdbTransport(ShellTransport):
             raise CommandInterrupted("the adb stream closed before the command finished", device=self.device_id)
         code = tail.strip().decode(errors="replace")
         return (int(code) if code.isdigit() else 255), head, ""
+
+    @property
+    def can_stream(self) -> bool:
+        """Return whether a process can be kept here: with the shell v2 protocol (stdin packets) only."""
+        return self._shell_v2
+
+    def _open_stream(self, command: str) -> "_AdbStream":
+        return _AdbStream(self, self._open(f"shell,v2,raw:{command}", self.open_timeout_s))
 
     def _kill(self, pid: int) -> None:
         try:
@@ -256,6 +288,68 @@ class AdbTransport(ShellTransport):
 
     def close(self) -> None:
         self._dev = None
+
+
+class _AdbStream(ShellStream):
+    """A kept command on a shell v2 stream: stdin goes as stdin packets, stdout/stderr/exit come as packets."""
+
+    def __init__(self, transport: AdbTransport, conn) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(transport)
+        self.conn = conn
+        self._raw = bytearray()
+        self._ended = False
+
+    def _send(self, data: bytes) -> None:
+        try:
+            self.conn.conn.settimeout(self.transport.io_timeout_s)  # not the last read's remainder
+            for at in range(0, len(data), _SYNC_DATA_BYTES):
+                chunk = data[at:at + _SYNC_DATA_BYTES]
+                self.conn.conn.sendall(struct.pack("<BI", 0, len(chunk)) + chunk)  # 0: stdin
+        except OSError as e:
+            raise EOFError(f"the adb stream is closed ({e})") from None
+
+    def _recv(self, timeout_s: float) -> bytes | None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            out = bytearray()
+            while len(self._raw) >= 5:
+                kind, length = self._raw[0], struct.unpack("<I", self._raw[1:5])[0]
+                if len(self._raw) < 5 + length:
+                    break
+                data = bytes(self._raw[5:5 + length])
+                del self._raw[:5 + length]
+                if kind == 1:
+                    out += data
+                elif kind == 2:
+                    self._note_stderr(data)
+                elif kind == 3:  # exit
+                    self._ended = True
+            if out:
+                return bytes(out)
+            if self._ended:
+                return b""
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            try:
+                self.conn.conn.settimeout(remaining)
+                chunk = self.conn.conn.recv(1 << 16)
+            except socket.timeout:
+                return None
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self._ended = True
+            self._raw += chunk
+
+    def alive(self) -> bool:
+        if not self._ended and select.select([self.conn.conn], [], [], 0)[0]:
+            self._out += self._recv(0.2) or b""  # what arrived since (an exit packet ends the stream)
+        return not self._ended
+
+    def _release(self) -> None:
+        self._ended = True
+        _close(self.conn)
 
 
 class _SyncSession:

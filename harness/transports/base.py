@@ -11,12 +11,14 @@ refuses every later call with "device X was taken out of the session after: ..."
 from __future__ import annotations
 
 import abc
+import contextlib
 import hashlib
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ContextManager
 
-from harness.errors import ConfigError, DeviceLostError, TransportError
+from harness.errors import ConfigError, DeviceLostError, DeviceTimeoutError, TransportError
 
 if TYPE_CHECKING:
     from harness.devices import DeviceSpec, SocSpec
@@ -50,6 +52,68 @@ def sha256_file(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+class RunnerStream(abc.ABC):
+    """A process kept running on the device (Transport.open_stream): lines to its stdin, lines from its stdout;
+    its stderr is kept (the last STDERR_KEEP_BYTES) for error messages. close() kills it and its children."""
+
+    STDERR_KEEP_BYTES = 64 * 1024
+
+    def __init__(self, device_id: str) -> None:
+        self.device_id = device_id
+        self.pid: int | None = None  # the device-side process (or its shell) leading its process group
+        self._out = bytearray()
+        self._err = bytearray()
+
+    def write_line(self, line: str) -> None:
+        """Send one line to the process's stdin; raise EOFError when it has gone."""
+        self._send((line + "\n").encode())
+
+    def read_line(self, timeout_s: float) -> str | None:
+        """Return the next line of its stdout (without the newline), None at its end; raise DeviceTimeoutError
+        when none is complete within timeout_s."""
+        deadline = time.monotonic() + timeout_s
+        while b"\n" not in self._out:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise DeviceTimeoutError(f"no answer from the device process within {timeout_s:g} s",
+                                         device=self.device_id, stderr=self.stderr())
+            chunk = self._recv(remaining)
+            if chunk == b"":
+                return None
+            if chunk:
+                self._out += chunk
+        line, _, rest = bytes(self._out).partition(b"\n")
+        self._out = bytearray(rest)
+        return line.decode(errors="replace")
+
+    def stderr(self, clear: bool = False) -> str:
+        """Return the stderr kept so far (and forget it with clear)."""
+        text = self._err.decode(errors="replace")
+        if clear:
+            self._err.clear()
+        return text
+
+    def _note_stderr(self, data: bytes) -> None:
+        self._err += data
+        del self._err[:-self.STDERR_KEEP_BYTES]
+
+    @abc.abstractmethod
+    def _send(self, data: bytes) -> None:
+        """Write data to the process's stdin; raise EOFError when it has gone."""
+
+    @abc.abstractmethod
+    def _recv(self, timeout_s: float) -> bytes | None:
+        """Return stdout bytes (b"" at its end, None when none came within timeout_s), keeping stderr bytes."""
+
+    @abc.abstractmethod
+    def alive(self) -> bool:
+        """Return whether the process may still answer (its output has not ended)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Kill the process and its children (if still running) and release the stream."""
 
 
 class Transport(abc.ABC):
@@ -90,6 +154,33 @@ class Transport(abc.ABC):
         Raises DeviceTimeoutError past timeout_s, TransportError when the device cannot be reached.
         A non-zero exit code is returned, not raised.
         """
+
+    @property
+    def can_stream(self) -> bool:
+        """Return whether open_stream can keep a process running on this device."""
+        return False
+
+    def open_stream(self, argv: list[str], cwd: str = ".") -> RunnerStream:
+        """Start argv on the device as a kept process (cwd relative to the work directory); return its stream.
+
+        Raises TransportError where the device cannot keep one, or cannot be reached.
+        """
+        raise TransportError(f"device {self.device_id} cannot keep a process running", device=self.device_id)
+
+    def request_scope(self) -> ContextManager[None]:
+        """Return the context a request to a kept process runs in: it checks the device is still in the
+        session; an emulated device counts it as load (as it does a run())."""
+        self._check_alive()
+        return contextlib.nullcontext()
+
+    def device_args(self, argv: list[str]) -> list[str]:
+        """Return argv as the device's commands see it (the emulator maps /sys/ paths into its sandbox)."""
+        return [str(a) for a in argv]
+
+    def timeout_error(self, error: DeviceTimeoutError, argv: list[str]) -> TransportError:
+        """Return the error to raise for a command past its timeout (DeviceLostError where the device no
+        longer answers a probe)."""
+        return error
 
     def read_command(self, argv: list[str], timeout_s: float) -> CommandResult:
         """Run a short read-only command (telemetry, identification) and return its result.
@@ -146,6 +237,26 @@ class Transport(abc.ABC):
 
     def _remember(self, hashes: dict[str, str]) -> None:
         """Note the hashes of files just pushed (remote transports skip re-checking them)."""
+
+    def _remembered(self, remotes: list[str]) -> dict[str, str]:
+        """Return the remembered hashes of pushed files at or under remotes (transports that remember none: {})."""
+        return {}
+
+    def _forget(self, remote: str) -> None:
+        """Drop what is remembered about remote, a file or a tree (transports that remember nothing: no-op)."""
+
+    def verify_pushed(self, remotes: list[str]) -> list[str]:
+        """Return the pushed files at or under remotes whose content on the device no longer matches what was
+        pushed (altered or deleted there), forgetting their remembered hashes so the next push re-sends them.
+
+        Call it when the device fails to load a pushed model: the files a push skipped on a remembered hash
+        are hashed on the device again. A transport that remembers nothing re-hashes on every push anyway.
+        """
+        expected = self._remembered(remotes)
+        for remote in remotes:
+            self._forget(remote)
+        now = self.sha256_many(sorted(expected)) if expected else {}
+        return sorted(r for r, digest in expected.items() if now.get(r) != digest)
 
     def cleanup(self) -> None:
         """Remove the harness's work directory from the device."""

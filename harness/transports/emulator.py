@@ -10,22 +10,29 @@ Every command gets ``HARNESS_EMULATED_NPU_DIR``, where the device runner reports
 time; that, not the mere running of a command, heats the model. While a command runs the files
 are refreshed in the background; a telemetry read refreshes them first. Command arguments that
 are device-absolute ``/sys/`` paths are mapped into the sandbox, so telemetry reads the same
-paths as on a phone.
+paths as on a phone. open_stream keeps a process (the persistent device runner) in its own process group
+with a command's environment; each request to it counts as load (request_scope), as a run() does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import select
 import shutil
 import subprocess
 import sys
 import time
 import uuid
+import weakref
 from pathlib import Path, PurePosixPath
+from typing import Iterator
 
 from harness.emulator.thermal import EmulatedSensors, ThermalParams
 from harness.errors import DeviceTimeoutError, TransportError
-from harness.transports.base import CommandResult, Transport, sha256_file
+from harness.files import copy_atomically
+from harness.shutdown import GROUPS, kill_group, run_in_group
+from harness.transports.base import CommandResult, RunnerStream, Transport, sha256_file
 
 SYSFS_PREFIX = "/sys/"
 SYSTEM_BIN = "system/bin"
@@ -72,13 +79,38 @@ class EmulatorTransport(Transport):
         self.sensors.refresh()
         return self._exec(argv, timeout_s, ".")
 
+    def device_args(self, argv: list[str]) -> list[str]:
+        return [self._device_arg(str(a)) for a in argv]
+
+    can_stream = True
+
+    def open_stream(self, argv: list[str], cwd: str = ".") -> RunnerStream:
+        """Start argv as a local process in its own process group, with a command's environment and cwd."""
+        self._check_alive()
+        argv = self.device_args(argv)
+        try:
+            proc = subprocess.Popen(argv, cwd=self._local(cwd), env=self._environment(), stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        except OSError as e:
+            raise TransportError(f"cannot start {argv[0]}: {e.strerror}", device=self.device_id,
+                                 argv=argv) from None
+        return _LocalStream(proc, self.device_id)
+
+    @contextlib.contextmanager
+    def request_scope(self) -> Iterator[None]:
+        """A request counts as load for the thermal model, as a run() does (the throttle file current first)."""
+        self._check_alive()
+        self.sensors.refresh()
+        with self.sensors.load():
+            yield
+
     def _exec(self, argv: list[str], timeout_s: float, cwd: str) -> CommandResult:
-        argv = [self._device_arg(str(a)) for a in argv]
+        argv = self.device_args(argv)
         env = self._environment()
         start = time.monotonic()
         try:
-            proc = subprocess.run(argv, cwd=self._local(cwd), capture_output=True, text=True,
-                                  timeout=timeout_s, env=env, stdin=subprocess.DEVNULL)
+            proc = run_in_group(argv, timeout_s, cwd=self._local(cwd), text=True, env=env,
+                                stdin=subprocess.DEVNULL)  # interrupted: its whole process group is killed
         except subprocess.TimeoutExpired as e:
             raise DeviceTimeoutError(f"command timed out after {timeout_s:g} s: {argv[:3]}...",
                                      device=self.device_id, argv=argv,
@@ -97,11 +129,7 @@ class EmulatorTransport(Transport):
                 **self.sensors.environment(), "PATH": path}
 
     def _push_file(self, local: Path, remote: str) -> None:
-        dst = self._local(remote)
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dst.with_name(dst.name + ".part")
-        shutil.copyfile(local, tmp)
-        os.replace(tmp, dst)
+        copy_atomically(local, self._local(remote))  # an interrupted copy leaves no partial file
 
     def pull(self, remote: str, local: Path) -> None:
         src = self._local(remote)
@@ -135,6 +163,61 @@ class EmulatorTransport(Transport):
             p.unlink()
         if remote == ".":
             self.workdir.mkdir(parents=True, exist_ok=True)
+
+
+class _LocalStream(RunnerStream):
+    """A kept local process (its own process group, tracked for the signal handlers) with piped stdio."""
+
+    def __init__(self, proc: subprocess.Popen, device_id: str) -> None:
+        super().__init__(device_id)
+        self.proc = proc
+        self.pid = proc.pid
+        self._ended = False
+        GROUPS.add(proc.pid)
+        # subprocess keeps a running Popen (and its pipes) alive: close stdin when this stream is dropped unclosed,
+        # which ends the process (end of input)
+        weakref.finalize(self, proc.stdin.close)
+
+    def _send(self, data: bytes) -> None:
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(data)
+            self.proc.stdin.flush()
+        except (OSError, ValueError) as e:
+            raise EOFError(f"the process's stdin is closed ({e})") from None
+
+    def _recv(self, timeout_s: float) -> bytes | None:
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        out, err = self.proc.stdout.fileno(), self.proc.stderr.fileno()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            watched = [out, err] if not self.proc.stderr.closed else [out]
+            ready, _, _ = select.select(watched, [], [], max(0.0, deadline - time.monotonic()))
+            if err in ready:
+                data = os.read(err, 65536)
+                if data:
+                    self._note_stderr(data)
+                else:
+                    self.proc.stderr.close()
+            if out in ready:
+                data = os.read(out, 65536)
+                self._ended = self._ended or not data
+                return data
+            if time.monotonic() >= deadline:
+                return None
+
+    def alive(self) -> bool:
+        return not self._ended and self.proc.poll() is None
+
+    def close(self) -> None:
+        kill_group(self.proc.pid)
+        self.proc.wait()
+        GROUPS.discard(self.proc.pid)
+        for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+        self._ended = True
 
 
 def _link_or_copy(src: str, dst: str) -> None:

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
-from harness.transports.base import CommandResult, Transport
+from harness.transports.base import CommandResult, RunnerStream, Transport
 
 
 
@@ -55,8 +55,8 @@ class ShellTransport(Transport):
         super().__init__(device, soc)
         self.workdir = check_workdir(device.id, workdir)
         # Hashes of work-directory files this transport pushed or checked, so a later push of the same
-        # content costs no remote command. remove()/cleanup() forget what they delete; a command that
-        # rewrites a pushed file behind the transport's back is not noticed (the runner writes only jobs/).
+        # content costs no remote command. remove()/cleanup() forget what they delete; a pushed file altered
+        # behind the transport's back is noticed by verify_pushed() (called when the device fails to load it).
         self._known_hashes: dict[str, str] = {}
         self._known_lock = threading.Lock()
         self.session_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -75,6 +75,11 @@ class ShellTransport(Transport):
         """Run a shell command line; return (rc, stdout, stderr) as text (see _exec_bytes)."""
         rc, out, err = self._exec_bytes(command, timeout_s)
         return rc, out.decode(errors="replace"), err
+
+    def _open_stream(self, command: str) -> RunnerStream:
+        """Start a shell command line as a kept process; return its stream (TransientTransportError when it
+        could not be started)."""
+        raise TransportError(f"device {self.device_id} cannot keep a process running", device=self.device_id)
 
     @abc.abstractmethod
     def _reconnect(self) -> None:
@@ -184,6 +189,16 @@ class ShellTransport(Transport):
         logger.debug("[%s] %.3f s rc=%d %s", self.device_id, duration_s, rc, shlex.join(argv)[:200])
         return CommandResult(argv, rc, out, err_text, duration_s)
 
+    def open_stream(self, argv: list[str], cwd: str = ".") -> RunnerStream:
+        """Start argv in cwd as a kept process (its shell leads a process group; close() kills that group),
+        with the retries of a command start."""
+        argv = [str(a) for a in argv]
+        command = with_pid_marker(self.command_line(argv, cwd))
+        return self._retrying(lambda: self._open_stream(command), f"starting {argv[0]}", argv)
+
+    def timeout_error(self, error: DeviceTimeoutError, argv: list[str]) -> TransportError:
+        return self._timed_out(error, argv)
+
     def read_command(self, argv: list[str], timeout_s: float) -> CommandResult:
         self._check_alive()
         start = time.monotonic()
@@ -238,6 +253,12 @@ class ShellTransport(Transport):
     def _remember(self, hashes: dict[str, str]) -> None:
         with self._known_lock:
             self._known_hashes.update({posixpath.normpath(k): v for k, v in hashes.items()})
+
+    def _remembered(self, remotes: list[str]) -> dict[str, str]:
+        rels = [posixpath.normpath(r) for r in remotes]
+        with self._known_lock:
+            return {k: v for k, v in self._known_hashes.items()
+                    if any(rel == "." or k == rel or k.startswith(rel + "/") for rel in rels)}
 
     def _forget(self, remote: str) -> None:
         rel = posixpath.normpath(remote)
@@ -327,6 +348,36 @@ class ShellTransport(Transport):
         if result.rc != 0:
             raise TransportError(f"cannot create the work directory {self.workdir}", device=self.device_id,
                                  argv=argv, rc=result.rc, stderr=result.stderr)
+
+
+class ShellStream(RunnerStream):
+    """A kept process started through a shell with with_pid_marker: the shell's pid (its process group) is
+    taken from stderr's first line; close() releases the connection and kills that group."""
+
+    def __init__(self, transport: ShellTransport) -> None:
+        super().__init__(transport.device_id)
+        self.transport = transport
+        self._head: bytearray | None = bytearray()  # stderr until the pid line is complete
+
+    def _note_stderr(self, data: bytes) -> None:
+        if self._head is None:
+            super()._note_stderr(data)
+            return
+        self._head += data
+        if b"\n" in self._head or not PID_MARK.encode().startswith(bytes(self._head[:len(PID_MARK)])):
+            self.pid, rest = split_pid(self._head.decode(errors="replace"))
+            self._head = None
+            super()._note_stderr(rest.encode())
+
+    @abc.abstractmethod
+    def _release(self) -> None:
+        """Close the connection's channel or stream."""
+
+    def close(self) -> None:
+        self._release()
+        if self.pid is not None:
+            self.transport._kill(self.pid)
+            self.pid = None
 
 
 SESSIONS_DIR = ".sessions"

@@ -30,8 +30,8 @@ import paramiko
 
 from harness.errors import (ConfigError, DeviceTimeoutError, HostKeyError, TransientTransportError,
                             TransportError)
-from harness.transports.shell import (CommandInterrupted, ShellTransport, _batches, kill_line, split_pid,
-                                      with_pid_marker)
+from harness.transports.shell import (CommandInterrupted, ShellStream, ShellTransport, _batches, kill_line,
+                                      split_pid, with_pid_marker)
 
 logger = logging.getLogger(__name__)
 
@@ -254,11 +254,25 @@ class SshTransport(ShellTransport):
                     raise CommandInterrupted("the SSH connection dropped while the command ran",
                                              device=self.device_id)
                 select.select([chan], [], [], min(0.02 if chan.eof_received else 0.25, remaining))
+        except BaseException as e:
+            if not isinstance(e, TransportError):  # interrupted here (Ctrl-C, SIGTERM): stop it on the device
+                self._kill_interrupted(chan, err)
+            raise
         finally:
             chan.close()
         rc = chan.recv_exit_status() if chan.exit_status_ready() else -1
         _pid, stderr = split_pid(err.decode(errors="replace"))
         return rc, bytes(out), stderr
+
+    can_stream = True
+
+    def _open_stream(self, command: str) -> "_SshStream":
+        try:
+            chan = self._transport().open_session(timeout=self.connect_timeout_s)
+            chan.exec_command(command)
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            raise TransientTransportError(f"cannot start a command: {e}", device=self.device_id) from None
+        return _SshStream(self, chan)
 
     def _kill(self, pid: int | None) -> None:
         """Kill a timed-out command's process group on the device (best effort, not waiting)."""
@@ -271,6 +285,17 @@ class SshTransport(ShellTransport):
             chan.close()
         except Exception as e:  # the device may be gone; the probe that follows will tell
             logger.debug("[%s] could not kill pid %s: %s", self.device_id, pid, e)
+
+    def _kill_interrupted(self, chan: paramiko.Channel, err: bytearray) -> None:
+        """Kill the process group of a command whose wait was interrupted on the host (closing a channel
+        without a pty does not stop it), waiting up to 2 s for its pid line when it has not arrived yet."""
+        deadline = time.monotonic() + 2.0
+        while b"\n" not in err and not chan.closed and time.monotonic() < deadline:
+            if chan.recv_stderr_ready():
+                err += chan.recv_stderr(_CHUNK_BYTES)
+            else:
+                time.sleep(0.02)
+        self._kill(split_pid(err.decode(errors="replace"))[0])
 
     # ---------------------------------------------------------------- files
 
@@ -328,6 +353,41 @@ class SshTransport(ShellTransport):
                 self._get_tree(sftp, src, local / entry.filename)
             elif stat.S_ISREG(entry.st_mode or 0):
                 sftp.get(src, str(local / entry.filename))
+
+
+class _SshStream(ShellStream):
+    """A kept command on an SSH exec channel: stdin, stdout and stderr are the channel's."""
+
+    def __init__(self, transport: SshTransport, chan: paramiko.Channel) -> None:
+        super().__init__(transport)
+        self.chan = chan
+
+    def _send(self, data: bytes) -> None:
+        try:
+            self.chan.sendall(data)
+        except (OSError, EOFError, paramiko.SSHException) as e:
+            raise EOFError(f"the SSH channel is closed ({e})") from None
+
+    def _recv(self, timeout_s: float) -> bytes | None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            while self.chan.recv_stderr_ready():
+                self._note_stderr(self.chan.recv_stderr(_CHUNK_BYTES))
+            if self.chan.recv_ready():
+                return self.chan.recv(_CHUNK_BYTES)
+            if not self.alive():
+                return b""
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            select.select([self.chan], [], [], min(0.25, remaining))
+
+    def alive(self) -> bool:
+        transport = self.chan.get_transport()
+        return not (self.chan.eof_received or self.chan.closed or transport is None or not transport.is_active())
+
+    def _release(self) -> None:
+        self.chan.close()
 
 
 def _keepalive(sock: socket.socket, idle_s: int = 15, interval_s: int = 5, probes: int = 4) -> None:
