@@ -243,7 +243,7 @@ class Onboarding(LlmOnboarding):
                                           self.error_isolation())
         report = mixed_precision.mixed_precision(
             self.converted_model(), self.dataset(), self.float_reference(), self.runner, self.thresholds,
-            self.cache, start, units)
+            self.cache, start, units, resolvable_drop=ptq.resolution(self.dataset(), self.float_reference()))
         if "model" in report.artifacts:
             final = self.deployable_model(report)
             report.artifacts["encodings"] = exported_encodings(final, self.cache)

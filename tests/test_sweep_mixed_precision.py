@@ -330,3 +330,27 @@ def test_recipes_reuse_one_calibration_and_quantize_exactly_as_a_fresh_calibrati
     assert [(n.op_type, list(n.input)) for n in ours.graph.node] == [(n.op_type, list(n.input)) for n in fresh.graph.node]
     assert {i.name: onnx.numpy_helper.to_array(i).tobytes() for i in ours.graph.initializer} == {
         i.name: onnx.numpy_helper.to_array(i).tobytes() for i in fresh.graph.initializer}
+
+
+def test_a_search_that_no_sample_count_here_could_decide_is_not_run():
+    from harness import stats
+    from harness.steps.sweep import Candidate
+
+    thresholds = Thresholds(max_task_metric_drop=0.02, min_cosine_similarity=0.9, min_sqnr_db=10.0)
+    interval = {"task_metric_drop": stats.complement(stats.wilson(16, 16)).as_dict(),
+                "cosine_similarity": stats.Interval(0.97, 0.99, 16, "bootstrap").as_dict(),
+                "sqnr_db": stats.Interval(18.0, 22.0, 16, "bootstrap").as_dict()}
+    kpis = {"task_metric_name": "top1_agreement", "task_metric": 1.0, "task_metric_drop": 0.0,
+            "cosine_similarity": 0.98, "sqnr_db": 20.0, "intervals": interval}
+    start = Candidate(QuantRecipe(), kpis=kpis, undecided=True)
+    resolvable = stats.resolvable_drop(16)
+    reason = mp.unresolvable_search(start, thresholds, resolvable)
+    assert reason is not None and "16 evaluation samples" in reason and "samples would decide" in reason
+    report = mp.mixed_precision(Path("unused.onnx"), None, [], None, thresholds, None, start, [],
+                                resolvable_drop=resolvable)
+    assert report.status == "inconclusive" and report.kpis["search"] == "not run" and "model" not in report.artifacts
+    # a limit failed decisively, or samples that can resolve the drop: the search runs
+    low_cosine = {**kpis, "cosine_similarity": 0.5,
+                  "intervals": {**interval, "cosine_similarity": stats.Interval(0.4, 0.6, 16, "bootstrap").as_dict()}}
+    assert mp.unresolvable_search(Candidate(QuantRecipe(), kpis=low_cosine, undecided=True), thresholds, resolvable) is None
+    assert mp.unresolvable_search(start, thresholds, 0.01) is None

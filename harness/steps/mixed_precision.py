@@ -40,6 +40,7 @@ import numpy as np
 
 from harness.cache import ArtifactCache, content_key
 from harness.data import Dataset, Feed, feeds_digest
+from harness import stats
 from harness.errors import HarnessError
 from harness.kpi import check_all
 from harness.models import Thresholds
@@ -187,12 +188,19 @@ def rank_by_effect(effects: list[UnitEffect], start_sqnr_db: float) -> list[Prom
 
 def mixed_precision(model: Path, dataset: Dataset, reference: list[Feed], runner: DeviceRunner,
                     thresholds: Thresholds, cache: ArtifactCache, start: Candidate, units: list[PromotionUnit],
-                    measure_limit: int = MEASURED_UNITS) -> StepReport:
+                    measure_limit: int = MEASURED_UNITS, resolvable_drop: float | None = None) -> StepReport:
     """Return the mixed-precision report: which units were promoted from start's 8-bit recipe, how
     each candidate unit measured on the host, the KPIs reached on the device and what each promotion
-    count cost (the `pareto` table and chart). artifacts['model'] is the chosen model."""
+    count cost (the `pareto` table and chart). artifacts['model'] is the chosen model.
+
+    resolvable_drop is the smallest task-metric drop the evaluation samples can resolve (ptq.resolution): when
+    the start is undecided only on that limit and it is beyond what they resolve, no candidate could be shown to
+    meet the KPI, so the search is not run and the step is inconclusive, saying how many samples would decide."""
     if not start.kpis and start.error is None:
         start = evaluate_recipe(start.recipe, model, dataset, reference, runner, thresholds, cache)
+    futile = unresolvable_search(start, thresholds, resolvable_drop)
+    if futile is not None:
+        return _search_not_run(start, thresholds, futile)
     pinned = pinned_tensors(start)
     units = [u for u in units if not pinned.intersection(u.tensors)]
     budget = thresholds.max_promoted_tensors
@@ -289,6 +297,40 @@ def mixed_precision(model: Path, dataset: Dataset, reference: list[Feed], runner
     report.notes.extend(dataset.warnings)
     report.artifacts["model"] = final.model
     report.artifacts["pareto_plot"] = _pareto_plot(report.tables["pareto"], thresholds, start.name, cache)
+    return report
+
+
+def unresolvable_search(start: Candidate, thresholds: Thresholds, resolvable_drop: float | None) -> str | None:
+    """Return why a search from start could not decide anything (None when it could): start fails no limit, and
+    the limits it leaves undecided are the task-metric drop's, which the samples cannot resolve even with no
+    sample changed, so every candidate would be undecided too."""
+    if start.meets or start.error is not None or not start.undecided or resolvable_drop is None:
+        return None
+    limit = thresholds.max_task_metric_drop
+    if resolvable_drop <= limit:
+        return None
+    states = {v.limit.kpi: v.state for v in check_all(start.kpis, accuracy_limits(thresholds))}
+    undecided = {kpi for kpi, state in states.items() if state == "inconclusive"}
+    if undecided != {"task_metric_drop"} or "failed" in states.values():
+        return None
+    samples = (start.kpis.get("intervals") or {}).get("task_metric_drop", {}).get("samples")
+    needed = stats.proportion_needed(0.0, limit)
+    return (f"mixed precision did not search: {samples or 'the'} evaluation samples resolve a task-metric drop of "
+            f"at best {resolvable_drop:.3g}, above the limit {limit:g}, so no candidate could be shown to meet it "
+            f"(the start recipe {start.name} fails no limit); about {needed or 'more'} samples would decide")
+
+
+def _search_not_run(start: Candidate, thresholds: Thresholds, reason: str) -> StepReport:
+    """Return the inconclusive report of a search that could decide nothing: the start's KPIs, no model."""
+    report = StepReport("mixed_precision")
+    report.limits = accuracy_limits(thresholds)
+    k = start.kpis
+    report.kpis = {"runtime": "htp", "start_recipe": start.name, "final_recipe": start.name, "promoted": [],
+                   "promoted_count": 0, "met_threshold": False, "start_met_threshold": False, "undecided": True,
+                   "search": "not run", "task_metric_name": k.get("task_metric_name"),
+                   **{kpi: k.get(kpi) for kpi in ("task_metric", "task_metric_drop", "cosine_similarity", "sqnr_db")},
+                   "intervals": k.get("intervals")}
+    report.inconclusive.append(reason)
     return report
 
 
