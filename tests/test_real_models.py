@@ -121,9 +121,16 @@ def onboard(pytester: pytest.Pytester, session_cache_dir: Path, monkeypatch: pyt
     for name, value in CORPUS_BUDGETS.items():
         monkeypatch.setenv(name, os.environ.get(name) or value)
 
+    # one emulated device per SoC and test worker: under pytest-xdist (.ci/run runs this with -n 2) two workers
+    # onboard two models on two devices of the same SoC, as a farm would, instead of queueing on one device's lock
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    devices_file = pytester.path / "devices.yaml"
+
     def _run(name: str, socs: tuple[str, ...]):
         kpi = pytester.path / "kpi.json"
-        devices = [arg for soc in socs for arg in ("--device", soc)]
+        devices_file.write_text("devices:\n" + "".join(
+            f"  - {{id: {soc}-emu-{worker}, soc: {soc}, transport: emulator}}\n" for soc in socs))
+        devices = ["--devices-file", str(devices_file), *(arg for soc in socs for arg in ("--device", soc))]
         validation = SHORT_VALIDATION if name in VALIDATED else ("--skip-validation",)
         # --aimet off: the corpus run is the same with or without the aimet extra (AIMET on real exports is
         # tests/test_aimet_real_models.py's, -m aimet)
