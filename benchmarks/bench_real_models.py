@@ -44,7 +44,7 @@ from harness.steps import ptq  # noqa: E402
 from harness.transports import open_transport  # noqa: E402
 
 STEPS = ("feasibility", "conversion", "float_baseline", "ptq", "error_isolation", "sweep", "mixed_precision",
-         "context_binary", "profile", "runtime")
+         "aimet", "context_binary", "profile", "runtime")
 SHOWN_KPIS = ("nodes_on_htp", "nodes_total", "nodes_before", "nodes_after", "equivalence_cosine", "cosine_similarity",
               "sqnr_db", "best", "promoted")
 GATES = {"feasibility", "conversion"}  # the suite skips the steps needing these (float_baseline needs only conversion)
@@ -86,7 +86,8 @@ ACTIVITY = Activity()
 # quantization and calibration, host references and QDQ emulation, context-binary compilation.
 HOST_KINDS = {"fixed": "conversion", "converted": "conversion", "qdq": "quantization",
               "entropy_ranges": "quantization", "host_reference": "host inference", "debug_float": "host inference",
-              "exposed": "host inference", "mp_host_eval": "host inference", "context_binary": "compilation"}
+              "exposed": "host inference", "mp_host_eval": "host inference", "context_binary": "compilation",
+              "opset": "conversion", "encodings": "quantization", "aimet": "AIMET recovery"}
 
 
 class TimedCache(ArtifactCache):

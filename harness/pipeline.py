@@ -266,7 +266,19 @@ class Onboarding(LlmOnboarding):
         mode) PTQ or mixed precision already met the KPI."""
         from harness.steps import aimet_recovery
 
-        return aimet_recovery.skip_reason(aimet_recovery.aimet_mode(self.accuracy), self._earlier_recovery_met)
+        mode = aimet_recovery.aimet_mode(self.accuracy)
+        reason = aimet_recovery.skip_reason(mode, self._earlier_recovery_met)
+        if reason is None and mode == "auto" and self._search_undecidable():
+            return ("the evaluation samples cannot decide the accuracy KPI (see mixed_precision): no AIMET candidate "
+                    "could be shown to meet it either (--aimet on runs it anyway)")
+        return reason
+
+    def _search_undecidable(self) -> bool:
+        """Return whether mixed precision did not search because its samples could not decide any candidate."""
+        try:
+            return self.mixed_precision().kpis.get("search") == "not run"
+        except HarnessError:
+            return False
 
     def _earlier_recovery_met(self) -> str | None:
         if self.ptq().passed:
