@@ -995,6 +995,7 @@ class EmulatedAdbDevice:
     def _spawn_shell(self, request: ShellRequest) -> subprocess.Popen[bytes]:
         env = dict(os.environ)
         env["PATH"] = f"{self._sandbox / 'system/bin'}{os.pathsep}{env.get('PATH', os.defpath)}"
+        env["HARNESS_DEVICE_ROOT"] = str(self._sandbox)  # the persistent runner maps its requests' paths with it
         if self.sensors is not None:
             env.update(self.sensors.environment())  # HARNESS_EMULATED_NPU_DIR
         if request.term:

@@ -1117,6 +1117,19 @@ def self_check_info():
     return info
 
 
+DEVICE_ROOT_ENV = "HARNESS_DEVICE_ROOT"  # set by the emulated adb phone only: where its /data, /sdcard, /sys live
+
+
+def _device_path(arg):
+    """Return a request's argument as this device's filesystem sees it: on the emulated adb phone, which moves
+    /data/, /sdcard/ and /sys/ prefixes of a shell command into its sandbox, the same prefixes of a request's
+    arguments (which never pass through a shell command) move there too; anywhere else, arg unchanged."""
+    root = os.environ.get(DEVICE_ROOT_ENV)
+    if root and arg.startswith(("/data/", "/sdcard/", "/sys/")):
+        return os.path.join(root, arg[1:])
+    return arg
+
+
 def serve(stdin=None):
     """Answer requests on stdin until `exit` or end of input (protocol: the module docstring); never returns."""
     global _serving
@@ -1162,7 +1175,7 @@ def serve(stdin=None):
             _reset_peak_rss()
             try:
                 os.chdir(os.path.join(start_dir, request.get("cwd") or "."))
-                reply["rc"] = main([str(a) for a in request.get("argv") or []])
+                reply["rc"] = main([_device_path(str(a)) for a in request.get("argv") or []])
             except SystemExit as e:  # argparse's usage errors
                 reply["rc"] = e.code if isinstance(e.code, int) else 2
             except Exception as e:
