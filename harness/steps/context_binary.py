@@ -228,26 +228,29 @@ def _load_or_rebuild(ctx: ContextBinary, qdq_model: Path, runner: DeviceRunner) 
 
     Raises StepError naming the files when the rebuilt binary cannot be loaded either (or cannot be rebuilt).
     """
-    try:
-        return ctx, runner.run(ctx.model, None, "htp", placement_only=True)
-    except HtpRefusedError:
-        raise
-    except RunnerError as e:
-        why = _first_line(e)
+    def load(binary: ContextBinary) -> tuple[RunResult | None, str]:
+        """Return the load's run, or None and why the runner could not load it (an HTP refusal propagates)."""
+        try:
+            return runner.run(binary.model, None, "htp", placement_only=True), ""
+        except HtpRefusedError:
+            raise
+        except RunnerError as e:
+            return None, _first_line(e)
+
+    run, why = load(ctx)
+    if run is not None:
+        return ctx, run
     files = ", ".join(p.name for p in ctx.files)
     if ctx.rebuild is None:
         raise StepError(f"the device runner could not load the context binary {ctx.model} ({files}): {why}; "
-                        f"delete {ctx.directory} to have it compiled again") from None
+                        f"delete {ctx.directory} to have it compiled again")
     rebuilt = ctx.rebuild(f"the device runner could not load it: {why}")
-    try:
-        return rebuilt, runner.run(rebuilt.model, None, "htp", placement_only=True)
-    except HtpRefusedError:
-        raise
-    except RunnerError as e:
-        again = _first_line(e)
-        raise StepError(f"the device runner could not load the context binary {ctx.model} ({files}), neither as "
-                        f"cached nor compiled again from {Path(qdq_model).name}: {again}"
-                        + ("" if again == why else f" (the cached one: {why})")) from None
+    run, again = load(rebuilt)
+    if run is not None:
+        return rebuilt, run
+    raise StepError(f"the device runner could not load the context binary {ctx.model} ({files}), neither as "
+                    f"cached nor compiled again from {Path(qdq_model).name}: {again}"
+                    + ("" if again == why else f" (the cached one: {why})"))
 
 
 def _first_line(error: Exception) -> str:
