@@ -257,16 +257,12 @@ class ShellTransport(Transport):
     def _remembered(self, remotes: list[str]) -> dict[str, str]:
         rels = [posixpath.normpath(r) for r in remotes]
         with self._known_lock:
-            return {k: v for k, v in self._known_hashes.items()
-                    if any(rel == "." or k == rel or k.startswith(rel + "/") for rel in rels)}
+            return {k: v for k, v in self._known_hashes.items() if any(_is_under(k, rel) for rel in rels)}
 
     def _forget(self, remote: str) -> None:
         rel = posixpath.normpath(remote)
         with self._known_lock:
-            if rel == ".":
-                self._known_hashes.clear()
-                return
-            for key in [k for k in self._known_hashes if k == rel or k.startswith(rel + "/")]:
+            for key in [k for k in self._known_hashes if _is_under(k, rel)]:
                 del self._known_hashes[key]
 
     def sha256_many(self, remotes: list[str]) -> dict[str, str | None]:
@@ -468,3 +464,8 @@ def _batches(items: list[str], max_bytes: int) -> list[list[str]]:
 def _short(e: BaseException) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
+
+
+def _is_under(path: str, root: str) -> bool:
+    """Return whether the normalised remote path is root or lies under it ('.': the whole work directory)."""
+    return root == "." or path == root or path.startswith(root + "/")
