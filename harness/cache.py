@@ -77,6 +77,7 @@ class ArtifactCache:
                 if (healed := damage(final)) is None:
                     return CacheEntry(final, True)
                 _discard(final)
+            _sweep_leftovers(final)
             tmp = final.parent / f".tmp-{key}-{uuid.uuid4().hex[:8]}"
             tmp.mkdir()
             try:
@@ -100,6 +101,14 @@ class ArtifactCache:
             if final.is_dir():
                 _discard(final)
             self._invalidated[(kind, key)] = reason
+
+
+def _sweep_leftovers(entry: Path) -> None:
+    """Delete what a builder of entry killed mid-build (SIGKILL, power loss) left beside it: its lock is held
+    now, so no live builder owns a temporary or discarded directory of this key."""
+    for pattern in (f".tmp-{entry.name}-*", f".discarded-{entry.name}-*"):
+        for stale in entry.parent.glob(pattern):
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 def _discard(entry: Path) -> None:

@@ -37,6 +37,26 @@ def test_failed_build_leaves_nothing_behind(tmp_path):
     assert leftovers == []
 
 
+def test_a_builder_killed_mid_build_leaves_nothing_after_the_next_build(tmp_path):
+    """SIGKILL runs no cleanup: the next builder of the same entry deletes the dead one's temporary directory."""
+    import signal
+    import subprocess
+    import sys
+
+    script = ("import sys, time; from harness.cache import ArtifactCache\n"
+              "def build(out):\n    (out / 'half.bin').write_bytes(b'partial'); print('building', flush=True); "
+              "time.sleep(60)\n"
+              "ArtifactCache(sys.argv[1]).entry('kind', 'k', build)\n")
+    builder = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    assert builder.stdout.readline().strip() == "building"
+    builder.send_signal(signal.SIGKILL)
+    builder.wait(timeout=30)
+    assert [p.name for p in (tmp_path / "kind").glob(".tmp-k-*")], "the killed builder left no temporary directory"
+    entry = ArtifactCache(tmp_path).entry("kind", "k", lambda out: (out / "f").write_text("y"))  # its lock died with it
+    assert (entry.path / "f").read_text() == "y" and not entry.hit
+    assert sorted(p.name for p in (tmp_path / "kind").iterdir() if not p.name.endswith(".lock")) == ["k"]
+
+
 def test_concurrent_builders_build_once(tmp_path):
     cache = ArtifactCache(tmp_path)
     calls = []
