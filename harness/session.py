@@ -19,6 +19,7 @@ from harness.devices import DevicesFile, DeviceSpec
 from harness.pipeline import Target
 from harness.runner.client import DeviceRunner
 from harness.transports import Transport, open_transport
+from harness.transports.emulator import emulator_root
 
 
 OUTCOMES = ("passed", "inconclusive", "failed", "error", "skipped")
@@ -85,7 +86,7 @@ class DevicePool:
             raise kind(f"device {device.id} was taken out of the session after: {reason}", device=device.id)
         if device.id not in self._runners:
             try:
-                transport = open_transport(device, devices.soc(device.soc), self._cache.root / "emulator")
+                transport = open_transport(device, devices.soc(device.soc), emulator_root(self._cache.root))
             except HarnessError as e:
                 self.mark_failed(device.id, f"connecting failed: {str(e).splitlines()[0]}")
                 raise

@@ -16,6 +16,20 @@ from harness.transports import open_transport
 REPO = Path(__file__).resolve().parent.parent
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (`-n 2`), give each worker its own emulated devices (own sandboxes and device locks)
+    beside the shared artifact cache, so that two workers' suite runs on `--device sm8650` overlap instead of
+    queueing on one emulated device's lock; the suite runs they start inherit it through the environment."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:
+        return
+    import tempfile
+
+    base = Path(tempfile.gettempdir()) / f"harness-tests-{os.environ.get('PYTEST_XDIST_TESTRUNUID', 'run')[:12]}"
+    os.environ["HARNESS_EMULATOR_DIR"] = str(base / worker / "emulator")
+    os.environ["HARNESS_LOCK_DIR"] = str(base / worker / "locks")
+
+
 @pytest.fixture(scope="session")
 def session_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Return one artifact cache for the whole test session, so the zoo models are trained once: a fresh

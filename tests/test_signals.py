@@ -91,6 +91,7 @@ def test_signal_during_the_soak_leaves_no_runner_and_no_partial_file(signals, ru
     probe_dir.mkdir()
     (probe_dir / "signals_probe.py").write_text(PROBE)
     env = {**os.environ, "HARNESS_CACHE_DIR": str(run_cache), "HARNESS_LOCK_DIR": str(tmp_path / "locks"),
+           "HARNESS_EMULATOR_DIR": str(run_cache / "emulator"),
            "SIGNALS_PROBE_MARK": str(mark),
            "PYTHONPATH": os.pathsep.join(p for p in [str(probe_dir), os.environ.get("PYTHONPATH")] if p)}
     cmd = [sys.executable, "-m", "pytest", str(REPO / "suites" / "test_12_sustained.py"), "--device", "sm8650",

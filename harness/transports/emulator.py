@@ -38,6 +38,16 @@ SYSFS_PREFIX = "/sys/"
 SYSTEM_BIN = "system/bin"
 
 
+EMULATOR_DIR_ENV = "HARNESS_EMULATOR_DIR"
+
+
+def emulator_root(cache_root: Path) -> Path:
+    """Return the directory holding the emulated devices' sandboxes: $HARNESS_EMULATOR_DIR, else <cache>/emulator.
+    Two runs that share an artifact cache but set different directories have different emulated devices (own
+    filesystems, thermal state and locks under their own HARNESS_LOCK_DIR), the way two test workers do."""
+    return Path(os.environ.get(EMULATOR_DIR_ENV) or Path(cache_root) / "emulator").expanduser()
+
+
 class EmulatorTransport(Transport):
     """A device whose filesystem is a local directory and whose CPU is the host's."""
 
