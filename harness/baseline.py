@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from harness.errors import ConfigError, HarnessError
 from harness.farm import now_iso
+from harness.json_values import json_default
 from harness.repeats import min_unpaired_p, paired, unpaired_p
 from harness.transports.base import sha256_file
 
@@ -135,7 +136,7 @@ def save_baseline(root: Path, snap: Snapshot) -> Path:
 
     path = baseline_path(root, snap.device, snap.model)
     try:  # an interrupted write leaves no temporary file
-        write_text_atomically(path, json.dumps(snap.as_json(), indent=1, default=_json_default))
+        write_text_atomically(path, json.dumps(snap.as_json(), indent=1, default=json_default))
     except OSError as e:
         raise BaselineError(f"cannot write the baseline {path}: {e.strerror or e}") from None
     return path
@@ -180,14 +181,6 @@ def load_baseline(path: Path) -> Snapshot:
 
 def _optional_str(value: Any) -> str | None:
     return None if value is None else str(value)
-
-
-def _json_default(value: Any) -> Any:
-    if hasattr(value, "item"):
-        return value.item()
-    if isinstance(value, (set, tuple)):
-        return list(value)
-    return str(value)
 
 
 def model_sha256(spec: "ModelSpec", cache: "ArtifactCache") -> str:

@@ -14,7 +14,7 @@ from typing import Any
 import allure
 
 from harness.kpi import INTERVALS_KEY, interval_of, kpi_value
-from harness.session import json_safe
+from harness.json_values import json_safe
 from harness.steps.report import StepReport
 
 
