@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from harness.errors import HarnessError
+from harness.files import write_text_atomically
 
 REPO_CLI = Path(__file__).resolve().parent.parent / "tools" / "allure" / "node_modules" / ".bin" / "allure"
 GENERATE_TIMEOUT_S = 300
@@ -261,15 +262,9 @@ def write_allure_extras(results: Path, name: str = DEFAULT_NAME, versions: Mappi
         path = results / filename
         if path.exists():
             continue
-        _write_atomic(path, text())
+        write_text_atomically(path, text())
         written.append(filename)
     return written
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    from harness.files import write_text_atomically
-
-    write_text_atomically(path, text)
 
 
 def allure3_categories(results: Path) -> list[dict[str, Any]]:
@@ -317,7 +312,7 @@ def same_run_as_last_entry(history: Path, results: Path) -> bool:
 def drop_last_history_entry(history: Path) -> str:
     """Remove the last entry of a JSON-lines history file (atomically); return it."""
     lines = [line for line in history.read_text(encoding="utf-8").splitlines() if line.strip()]
-    _write_atomic(history, "".join(f"{line}\n" for line in lines[:-1]))
+    write_text_atomically(history, "".join(f"{line}\n" for line in lines[:-1]))
     return lines[-1] if lines else ""
 
 
@@ -420,7 +415,7 @@ def _strip_report_scripts(out: Path) -> int:
     for page in out.rglob("*.html"):
         cleaned, n = strip_external_scripts(page.read_text(encoding="utf-8"))
         if n:
-            _write_atomic(page, cleaned)
+            write_text_atomically(page, cleaned)
             removed += n
     return removed
 

@@ -14,6 +14,7 @@ import json
 import os
 from pathlib import Path
 
+from harness.files import replacing
 from harness.transports.base import sha256_file
 
 MANIFEST = ".cache-manifest.json"
@@ -25,9 +26,8 @@ def seal(directory: Path) -> None:
     directory = Path(directory)
     files = {p.relative_to(directory).as_posix(): {"size": p.stat().st_size, "sha256": sha256_file(p)}
              for p in sorted(directory.rglob("*")) if p.is_file() and p.name != MANIFEST}
-    tmp = directory / f".{MANIFEST}.{os.getpid()}"
-    tmp.write_text(json.dumps({"version": 1, "files": files}, indent=1) + "\n")
-    os.replace(tmp, directory / MANIFEST)
+    with replacing(directory / MANIFEST) as tmp:
+        tmp.write_text(json.dumps({"version": 1, "files": files}, indent=1) + "\n")
 
 
 def is_sealed(directory: Path) -> bool:

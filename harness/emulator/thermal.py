@@ -87,6 +87,8 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from harness.files import replacing
+
 logger = logging.getLogger(__name__)
 
 THERMAL_DIR = "sys/class/thermal"
@@ -508,15 +510,8 @@ def _charging(battery_dir: Path) -> bool:
 
 def _write(path: Path, text: str, mode: int | None = None) -> None:
     """Replace path's content atomically (a reader never sees a half-written value), with mode if given."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
-    try:
+    with replacing(path, 0o644 if mode is None else mode) as tmp:  # not fsynced: the ticker writes it often
         tmp.write_text(text)
-        if mode is not None:
-            tmp.chmod(mode)
-        os.replace(tmp, path)
-    except BaseException:  # interrupted (a signal) or failed: no temporary file stays behind
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def dumpsys_script(sandbox: Path, params: ThermalParams) -> str:

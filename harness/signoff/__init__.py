@@ -25,6 +25,7 @@ from pathlib import Path
 
 from harness.allure_report import tool_versions
 from harness.errors import HarnessError
+from harness.files import write_text_atomically
 from harness.signoff.inputs import RunSet, SignoffInputError, load_runs
 from harness.signoff.page import PageContext, render_page
 from harness.signoff.verdict import ReleaseVerdict, decide
@@ -59,14 +60,8 @@ def build_signoff(results: list[Path], out: Path, title: str = DEFAULT_TITLE, ex
     verdict = decide(runs, expect)
     ctx = PageContext(title, datetime.now(timezone.utc).isoformat(timespec="seconds"), tool_versions())
     index = Path(out) / "index.html"
-    _write_atomic(index, render_page(runs, verdict, ctx))
+    write_text_atomically(index, render_page(runs, verdict, ctx))
     return Signoff(index, runs, verdict)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    from harness.files import write_text_atomically
-
-    write_text_atomically(path, text)
 
 
 def summary_lines(signoff: Signoff) -> list[str]:
