@@ -23,7 +23,6 @@ import base64
 import getpass
 import json
 import os
-import platform
 import re
 import shutil
 import socket
@@ -37,6 +36,7 @@ from typing import Any, Mapping
 
 from harness.errors import HarnessError
 from harness.files import write_text_atomically
+from harness.versions import tool_versions
 
 REPO_CLI = Path(__file__).resolve().parent.parent / "tools" / "allure" / "node_modules" / ".bin" / "allure"
 GENERATE_TIMEOUT_S = 300
@@ -116,31 +116,6 @@ def strip_external_scripts(html: str) -> tuple[str, int]:
     html, external = _EXTERNAL_SCRIPT.subn("", html)
     html, inline = _ANALYTICS_INLINE.subn("", html)
     return html, external + inline
-
-
-def tool_versions() -> dict[str, str | None]:
-    """Return this machine's versions of the harness, onnxruntime, onnxruntime-qnn, the QNN SDK that
-    onnxruntime-qnn bundles, Python and the platform (None for what is not installed)."""
-    from importlib import metadata
-
-    def version(name: str) -> str | None:
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            return None
-
-    return {"harness_version": version("snapdragon-onboarding-harness"), "onnxruntime": version("onnxruntime"),
-            "onnxruntime_qnn": version("onnxruntime-qnn"), "qnn_sdk": bundled_qnn_version(),
-            "python": platform.python_version(), "platform": platform.platform()}
-
-
-def bundled_qnn_version() -> str | None:
-    """Return the QNN SDK (QAIRT) version onnxruntime-qnn was built with and ships, or None without it."""
-    try:
-        from onnxruntime_qnn import build_and_package_info  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    return getattr(build_and_package_info, "qnn_version", None)
 
 
 def _parameter_value(raw: str) -> str:

@@ -29,11 +29,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
+from harness.clock import now_iso
 from harness.errors import ConfigError, HarnessError
-from harness.farm import now_iso
+from harness.files import sha256_file
 from harness.json_values import json_default
 from harness.repeats import min_unpaired_p, paired, unpaired_p
-from harness.transports.base import sha256_file
+from harness.versions import harness_version
 
 if TYPE_CHECKING:
     from harness.cache import ArtifactCache
@@ -199,16 +200,6 @@ def model_sha256(spec: "ModelSpec", cache: "ArtifactCache") -> str:
         return sha256_file(path)
     except OSError as e:
         raise BaselineError(f"cannot hash the model file {path}: {e.strerror or e}") from None
-
-
-def harness_version() -> str | None:
-    """Return the installed harness's version (None when it is run from a source tree that is not installed)."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("snapdragon-onboarding-harness")
-    except metadata.PackageNotFoundError:
-        return None
 
 
 @dataclass(frozen=True)

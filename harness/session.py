@@ -13,13 +13,14 @@ if TYPE_CHECKING:
     from harness.farm import FarmState, Quarantine
 
 from harness.cache import ArtifactCache
+from harness.clock import now_iso
 from harness.errors import DeviceLostError, DeviceQuarantinedError, HarnessError
-from harness.farm import now_iso
 from harness.json_values import json_default
 from harness.devices import DevicesFile, DeviceSpec
 from harness.pipeline import Target
 from harness.runner.client import DeviceRunner
 from harness.transports import Transport, open_transport
+from harness.versions import tool_versions
 
 
 OUTCOMES = ("passed", "inconclusive", "failed", "error", "skipped")
@@ -222,6 +223,4 @@ class HarnessSession:
 def environment(started_at: str, duration_s: float) -> dict[str, Any]:
     """Return the versions a sign-off records (harness, onnxruntime, QNN EP and SDK, Python, platform) and the
     run's start time and duration."""
-    from harness.allure_report import tool_versions
-
     return {**tool_versions(), "started_at": started_at, "duration_s": round(duration_s, 1)}

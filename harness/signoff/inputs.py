@@ -9,8 +9,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
-from harness.allure_report import read_result_files, result_parameters, tool_versions
+from harness.allure_report import read_result_files, result_parameters
 from harness.errors import HarnessError
+from harness.versions import tool_versions
 
 OUTCOMES = ("passed", "inconclusive", "failed", "error", "skipped")
 NOT_RUN = "not run"
