@@ -34,6 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping
 
+from harness.allure_names import DEVICE, ENVIRONMENT_NAMES, INCONCLUSIVE, MARGINAL, SOC
 from harness.errors import HarnessError
 from harness.files import write_text_atomically
 from harness.versions import tool_versions
@@ -68,10 +69,10 @@ CATEGORIES: list[dict[str, Any]] = [
     {"name": "Accuracy", "matchedStatuses": ["failed"],
      "messageRegex": r"[\s\S]*(task_metric|cosine_similarity|sqnr)[\s\S]*",
      "description": "a quantized model missed its accuracy KPI (task metric, cosine similarity, SQNR)"},
-    {"name": "Inconclusive", "matchedStatuses": ["unknown"], "messageRegex": r"INCONCLUSIVE[\s\S]*",
+    {"name": "Inconclusive", "matchedStatuses": ["unknown"], "messageRegex": INCONCLUSIVE + r"[\s\S]*",
      "description": "the evidence could not decide a limit (its confidence interval straddles it): not a pass, "
                     "re-run with the samples the message names"},
-    {"name": "Marginal pass", "matchedStatuses": ["passed"], "messageRegex": r"MARGINAL[\s\S]*",
+    {"name": "Marginal pass", "matchedStatuses": ["passed"], "messageRegex": MARGINAL + r"[\s\S]*",
      "description": "passed, but close to a limit"},
 ]
 
@@ -156,10 +157,10 @@ def result_targets(results: Path) -> ResultTargets:
     socs: dict[str, None] = {}
     for _, result in read_result_files(results, strict=False):
         params = result_parameters(result)
-        if params.get("device"):
-            devices[params["device"]] = None
-        if params.get("soc"):
-            socs[params["soc"]] = None
+        if params.get(DEVICE):
+            devices[params[DEVICE]] = None
+        if params.get(SOC):
+            socs[params[SOC]] = None
     return ResultTargets(sorted(devices), sorted(socs))
 
 
@@ -172,9 +173,7 @@ def _escape_property(text: str, key: bool = False) -> str:
 
 def environment_properties(versions: Mapping[str, str | None], targets: ResultTargets) -> str:
     """Return the text of an Allure environment.properties file: versions, then the devices and SoCs."""
-    names = {"harness_version": "harness", "onnxruntime": "onnxruntime", "onnxruntime_qnn": "onnxruntime-qnn",
-             "qnn_sdk": "qnn-sdk", "python": "python", "platform": "platform"}
-    items = [(names.get(k, k), v) for k, v in versions.items() if v]
+    items = [(ENVIRONMENT_NAMES.get(k, k), v) for k, v in versions.items() if v]
     items += [("devices", ", ".join(targets.devices)), ("socs", ", ".join(targets.socs))]
     return "".join(f"{_escape_property(k, key=True)}={_escape_property(str(v))}\n" for k, v in items if v)
 
