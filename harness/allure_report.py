@@ -23,7 +23,6 @@ import base64
 import getpass
 import json
 import os
-import platform
 import re
 import shutil
 import socket
@@ -35,7 +34,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping
 
+from harness.allure_names import DEVICE, ENVIRONMENT_NAMES, INCONCLUSIVE, MARGINAL, SOC
 from harness.errors import HarnessError
+from harness.files import write_text_atomically
+from harness.versions import tool_versions
 
 REPO_CLI = Path(__file__).resolve().parent.parent / "tools" / "allure" / "node_modules" / ".bin" / "allure"
 GENERATE_TIMEOUT_S = 300
@@ -67,10 +69,10 @@ CATEGORIES: list[dict[str, Any]] = [
     {"name": "Accuracy", "matchedStatuses": ["failed"],
      "messageRegex": r"[\s\S]*(task_metric|cosine_similarity|sqnr)[\s\S]*",
      "description": "a quantized model missed its accuracy KPI (task metric, cosine similarity, SQNR)"},
-    {"name": "Inconclusive", "matchedStatuses": ["unknown"], "messageRegex": r"INCONCLUSIVE[\s\S]*",
+    {"name": "Inconclusive", "matchedStatuses": ["unknown"], "messageRegex": INCONCLUSIVE + r"[\s\S]*",
      "description": "the evidence could not decide a limit (its confidence interval straddles it): not a pass, "
                     "re-run with the samples the message names"},
-    {"name": "Marginal pass", "matchedStatuses": ["passed"], "messageRegex": r"MARGINAL[\s\S]*",
+    {"name": "Marginal pass", "matchedStatuses": ["passed"], "messageRegex": MARGINAL + r"[\s\S]*",
      "description": "passed, but close to a limit"},
 ]
 
@@ -117,31 +119,6 @@ def strip_external_scripts(html: str) -> tuple[str, int]:
     return html, external + inline
 
 
-def tool_versions() -> dict[str, str | None]:
-    """Return this machine's versions of the harness, onnxruntime, onnxruntime-qnn, the QNN SDK that
-    onnxruntime-qnn bundles, Python and the platform (None for what is not installed)."""
-    from importlib import metadata
-
-    def version(name: str) -> str | None:
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            return None
-
-    return {"harness_version": version("snapdragon-onboarding-harness"), "onnxruntime": version("onnxruntime"),
-            "onnxruntime_qnn": version("onnxruntime-qnn"), "qnn_sdk": bundled_qnn_version(),
-            "python": platform.python_version(), "platform": platform.platform()}
-
-
-def bundled_qnn_version() -> str | None:
-    """Return the QNN SDK (QAIRT) version onnxruntime-qnn was built with and ships, or None without it."""
-    try:
-        from onnxruntime_qnn import build_and_package_info  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    return getattr(build_and_package_info, "qnn_version", None)
-
-
 def _parameter_value(raw: str) -> str:
     """allure-pytest writes parameters as Python reprs ('sm8650-emu'); return the plain value."""
     if len(raw) >= 2 and raw[0] == raw[-1] and raw[0] in "'\"":
@@ -180,10 +157,10 @@ def result_targets(results: Path) -> ResultTargets:
     socs: dict[str, None] = {}
     for _, result in read_result_files(results, strict=False):
         params = result_parameters(result)
-        if params.get("device"):
-            devices[params["device"]] = None
-        if params.get("soc"):
-            socs[params["soc"]] = None
+        if params.get(DEVICE):
+            devices[params[DEVICE]] = None
+        if params.get(SOC):
+            socs[params[SOC]] = None
     return ResultTargets(sorted(devices), sorted(socs))
 
 
@@ -196,9 +173,7 @@ def _escape_property(text: str, key: bool = False) -> str:
 
 def environment_properties(versions: Mapping[str, str | None], targets: ResultTargets) -> str:
     """Return the text of an Allure environment.properties file: versions, then the devices and SoCs."""
-    names = {"harness_version": "harness", "onnxruntime": "onnxruntime", "onnxruntime_qnn": "onnxruntime-qnn",
-             "qnn_sdk": "qnn-sdk", "python": "python", "platform": "platform"}
-    items = [(names.get(k, k), v) for k, v in versions.items() if v]
+    items = [(ENVIRONMENT_NAMES.get(k, k), v) for k, v in versions.items() if v]
     items += [("devices", ", ".join(targets.devices)), ("socs", ", ".join(targets.socs))]
     return "".join(f"{_escape_property(k, key=True)}={_escape_property(str(v))}\n" for k, v in items if v)
 
@@ -261,15 +236,9 @@ def write_allure_extras(results: Path, name: str = DEFAULT_NAME, versions: Mappi
         path = results / filename
         if path.exists():
             continue
-        _write_atomic(path, text())
+        write_text_atomically(path, text())
         written.append(filename)
     return written
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    from harness.files import write_text_atomically
-
-    write_text_atomically(path, text)
 
 
 def allure3_categories(results: Path) -> list[dict[str, Any]]:
@@ -317,7 +286,7 @@ def same_run_as_last_entry(history: Path, results: Path) -> bool:
 def drop_last_history_entry(history: Path) -> str:
     """Remove the last entry of a JSON-lines history file (atomically); return it."""
     lines = [line for line in history.read_text(encoding="utf-8").splitlines() if line.strip()]
-    _write_atomic(history, "".join(f"{line}\n" for line in lines[:-1]))
+    write_text_atomically(history, "".join(f"{line}\n" for line in lines[:-1]))
     return lines[-1] if lines else ""
 
 
@@ -420,7 +389,7 @@ def _strip_report_scripts(out: Path) -> int:
     for page in out.rglob("*.html"):
         cleaned, n = strip_external_scripts(page.read_text(encoding="utf-8"))
         if n:
-            _write_atomic(page, cleaned)
+            write_text_atomically(page, cleaned)
             removed += n
     return removed
 

@@ -29,10 +29,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
+from harness.clock import now_iso
 from harness.errors import ConfigError, HarnessError
-from harness.farm import now_iso
+from harness.files import sha256_file
+from harness.json_values import json_default
 from harness.repeats import min_unpaired_p, paired, unpaired_p
-from harness.transports.base import sha256_file
+from harness.versions import harness_version
 
 if TYPE_CHECKING:
     from harness.cache import ArtifactCache
@@ -135,7 +137,7 @@ def save_baseline(root: Path, snap: Snapshot) -> Path:
 
     path = baseline_path(root, snap.device, snap.model)
     try:  # an interrupted write leaves no temporary file
-        write_text_atomically(path, json.dumps(snap.as_json(), indent=1, default=_json_default))
+        write_text_atomically(path, json.dumps(snap.as_json(), indent=1, default=json_default))
     except OSError as e:
         raise BaselineError(f"cannot write the baseline {path}: {e.strerror or e}") from None
     return path
@@ -182,14 +184,6 @@ def _optional_str(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
-def _json_default(value: Any) -> Any:
-    if hasattr(value, "item"):
-        return value.item()
-    if isinstance(value, (set, tuple)):
-        return list(value)
-    return str(value)
-
-
 def model_sha256(spec: "ModelSpec", cache: "ArtifactCache") -> str:
     """Return the sha256 of the model file under test: the user's file, or a zoo model's built file in the
     cache ("zoo:<name>" while the zoo model has not been built). Raises BaselineError when the file cannot
@@ -206,16 +200,6 @@ def model_sha256(spec: "ModelSpec", cache: "ArtifactCache") -> str:
         return sha256_file(path)
     except OSError as e:
         raise BaselineError(f"cannot hash the model file {path}: {e.strerror or e}") from None
-
-
-def harness_version() -> str | None:
-    """Return the installed harness's version (None when it is run from a source tree that is not installed)."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("snapdragon-onboarding-harness")
-    except metadata.PackageNotFoundError:
-        return None
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import json
 import os
 from pathlib import Path
 
-from harness.transports.base import sha256_file
+from harness.files import replacing, sha256_file
 
 MANIFEST = ".cache-manifest.json"
 FULL_CHECK_BYTES = 1 << 20  # files up to this size are hashed on every read
@@ -25,9 +25,8 @@ def seal(directory: Path) -> None:
     directory = Path(directory)
     files = {p.relative_to(directory).as_posix(): {"size": p.stat().st_size, "sha256": sha256_file(p)}
              for p in sorted(directory.rglob("*")) if p.is_file() and p.name != MANIFEST}
-    tmp = directory / f".{MANIFEST}.{os.getpid()}"
-    tmp.write_text(json.dumps({"version": 1, "files": files}, indent=1) + "\n")
-    os.replace(tmp, directory / MANIFEST)
+    with replacing(directory / MANIFEST) as tmp:
+        tmp.write_text(json.dumps({"version": 1, "files": files}, indent=1) + "\n")
 
 
 def is_sealed(directory: Path) -> bool:

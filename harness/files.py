@@ -1,30 +1,42 @@
-"""Writing files atomically: a temporary file in the same folder, renamed into place (readers never see half)."""
+"""Local files: written atomically (a temporary file in the same folder, renamed into place: readers never see half),
+copied the same way, and hashed."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+
+
+@contextlib.contextmanager
+def replacing(path: Path, mode: int = 0o644) -> Iterator[Path]:
+    """Yield a temporary path beside path to write; when the block ends it gets mode and is renamed over path
+    (an error or an interruption removes it instead). path's folder must exist."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.chmod(tmp, mode)  # mkstemp creates 0600; artifacts are shared
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
 
 
 def write_atomically(path: Path, data: bytes) -> Path:
     """Write data to path (mode 0644, fsynced) through a temporary file and a rename; return path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            os.fchmod(fh.fileno(), 0o644)  # mkstemp creates 0600; artifacts are shared
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    with replacing(path) as tmp, open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
     return path
 
 
@@ -32,19 +44,20 @@ def copy_atomically(src: Path, dst: Path) -> Path:
     """Copy src to dst (mode 0644) through a temporary file and a rename; return dst."""
     dst = Path(dst)
     dst.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
-    os.close(fd)
-    try:
+    with replacing(dst) as tmp:
         shutil.copyfile(src, tmp)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, dst)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
     return dst
 
 
 def write_text_atomically(path: Path, text: str) -> Path:
     """Write UTF-8 text to path atomically; return path."""
     return write_atomically(path, text.encode("utf-8"))
+
+
+def sha256_file(path: Path) -> str:
+    """Return the hex SHA-256 of a local file."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

@@ -13,8 +13,10 @@ from typing import Any
 
 import allure
 
+from harness.allure_names import (DEVICE, INCONCLUSIVE, MARGINAL, MODEL, SOC, kpi_attachment, soc_parameter,
+                                  status_message, step_name)
 from harness.kpi import INTERVALS_KEY, interval_of, kpi_value
-from harness.session import json_safe
+from harness.json_values import json_safe
 from harness.steps.report import StepReport
 
 
@@ -31,16 +33,16 @@ def table_csv(rows: list[dict[str, Any]]) -> str:
 
 def label_target(device: str, soc: str, soc_name: str, model: str) -> None:
     """Set the Allure parameters that identify a device × model test."""
-    allure.dynamic.parameter("device", device)
-    allure.dynamic.parameter("soc", f"{soc} ({soc_name})")
-    allure.dynamic.parameter("model", model)
+    allure.dynamic.parameter(DEVICE, device)
+    allure.dynamic.parameter(SOC, soc_parameter(soc, soc_name))
+    allure.dynamic.parameter(MODEL, model)
     allure.dynamic.tag(soc)
 
 
 def attach_report(report: StepReport) -> None:
     """Record a step report in Allure: an Allure step per verdict, KPIs as JSON, tables as CSV."""
-    with allure.step(f"onboarding step: {report.step}"):
-        allure.attach(json.dumps(json_safe(report.kpis), indent=2), name=f"{report.step} KPIs",
+    with allure.step(step_name(report.step)):
+        allure.attach(json.dumps(json_safe(report.kpis), indent=2), name=kpi_attachment(report.step),
                       attachment_type=allure.attachment_type.JSON)
         for name, rows in report.tables.items():
             allure.attach(table_csv(rows), name=f"{report.step} {name}", attachment_type=allure.attachment_type.CSV)
@@ -57,7 +59,7 @@ def attach_report(report: StepReport) -> None:
             with allure.step(f"FAIL: {failure}"):
                 pass
         for reason in report.inconclusive:
-            with allure.step(f"INCONCLUSIVE: {reason}"):
+            with allure.step(status_message(INCONCLUSIVE, reason)):
                 pass
         for note in report.notes:
             with allure.step(f"note: {note}"):
@@ -90,8 +92,8 @@ def flag_allure_result(config, outcome: str, message: str, marginal: list[str]) 
 
     if outcome == "inconclusive":
         result.status = Status.UNKNOWN
-        result.statusDetails = StatusDetails(message=f"INCONCLUSIVE: {message}")
-        result.labels.append(Label(name="tag", value="inconclusive"))
+        result.statusDetails = StatusDetails(message=status_message(INCONCLUSIVE, message))
+        result.labels.append(Label(name="tag", value=INCONCLUSIVE.lower()))
     elif marginal and result.status == Status.PASSED:
-        result.statusDetails = StatusDetails(message="MARGINAL: " + "\n".join(marginal))
-        result.labels.append(Label(name="tag", value="marginal"))
+        result.statusDetails = StatusDetails(message=status_message(MARGINAL, "\n".join(marginal)))
+        result.labels.append(Label(name="tag", value=MARGINAL.lower()))

@@ -13,13 +13,15 @@ if TYPE_CHECKING:
     from harness.farm import FarmState, Quarantine
 
 from harness.cache import ArtifactCache
+from harness.clock import now_iso
 from harness.errors import DeviceLostError, DeviceQuarantinedError, HarnessError
-from harness.farm import now_iso
+from harness.json_values import json_default
 from harness.devices import DevicesFile, DeviceSpec
 from harness.pipeline import Target
 from harness.runner.client import DeviceRunner
 from harness.transports import Transport, open_transport
 from harness.transports.emulator import emulator_root
+from harness.versions import tool_versions
 
 
 OUTCOMES = ("passed", "inconclusive", "failed", "error", "skipped")
@@ -203,7 +205,7 @@ class HarnessSession:
 
         payload = {"records": [r.__dict__ for r in self.records], "devices": self.device_summary(),
                    "environment": environment(self.started_at, time.monotonic() - self.started_monotonic)}
-        write_text_atomically(self.kpi_json, json.dumps(payload, indent=2, default=_json_default))
+        write_text_atomically(self.kpi_json, json.dumps(payload, indent=2, default=json_default))
 
 
     def device_summary(self) -> list[dict[str, Any]]:
@@ -222,21 +224,4 @@ class HarnessSession:
 def environment(started_at: str, duration_s: float) -> dict[str, Any]:
     """Return the versions a sign-off records (harness, onnxruntime, QNN EP and SDK, Python, platform) and the
     run's start time and duration."""
-    from harness.allure_report import tool_versions
-
     return {**tool_versions(), "started_at": started_at, "duration_s": round(duration_s, 1)}
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, Path):
-        return str(value)
-    if hasattr(value, "item"):
-        return value.item()
-    if isinstance(value, (set, tuple)):
-        return list(value)
-    return str(value)
-
-
-def json_safe(value: Any) -> Any:
-    """Return value converted to plain JSON types (numpy scalars, paths, tuples)."""
-    return json.loads(json.dumps(value, default=_json_default, allow_nan=True))

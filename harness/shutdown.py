@@ -63,6 +63,19 @@ def kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
         pass
 
 
+def pid_alive(pid: int) -> bool:
+    """Return whether the local process pid exists (os.kill(pid, 0))."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def run_in_group(argv: list[str], timeout_s: float, **popen_kwargs: Any) -> subprocess.CompletedProcess:
     """Return subprocess.run(argv, capture_output=True, timeout=timeout_s, **popen_kwargs)'s result, the
     command started in a new session (its own process group) that is SIGKILLed whole when it times out

@@ -87,6 +87,9 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from harness.files import replacing
+from harness.shutdown import pid_alive
+
 logger = logging.getLogger(__name__)
 
 THERMAL_DIR = "sys/class/thermal"
@@ -323,7 +326,7 @@ class BusyLedger:
         total_s = largest_s = 0.0
         seen: dict[str, float] = {}
         for path, pid in self._files():
-            alive = _pid_alive(pid)  # before reading: a dead process's value is final
+            alive = pid_alive(pid)  # before reading: a dead process's value is final
             value_s = _read_float(path)
             if value_s is None:
                 continue
@@ -348,24 +351,11 @@ class BusyLedger:
         for name in names:
             m = _BUSY_FILE.match(name)
             if m and m.group(2):  # busy.<pid>.<...>: an atomic write's temporary, left if its writer died
-                if not _pid_alive(int(m.group(1))):
+                if not pid_alive(int(m.group(1))):
                     (self.directory / name).unlink(missing_ok=True)
             elif m:
                 found.append((self.directory / name, int(m.group(1))))
         return found
-
-
-def _pid_alive(pid: int) -> bool:
-    """Return whether the local process pid exists (os.kill(pid, 0))."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, OverflowError):
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _read_float(path: Path) -> float | None:
@@ -508,15 +498,8 @@ def _charging(battery_dir: Path) -> bool:
 
 def _write(path: Path, text: str, mode: int | None = None) -> None:
     """Replace path's content atomically (a reader never sees a half-written value), with mode if given."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
-    try:
+    with replacing(path, 0o644 if mode is None else mode) as tmp:  # not fsynced: the ticker writes it often
         tmp.write_text(text)
-        if mode is not None:
-            tmp.chmod(mode)
-        os.replace(tmp, path)
-    except BaseException:  # interrupted (a signal) or failed: no temporary file stays behind
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def dumpsys_script(sandbox: Path, params: ThermalParams) -> str:

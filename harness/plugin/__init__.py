@@ -383,7 +383,7 @@ def check(request: pytest.FixtureRequest):
     passes are recorded as such. A failure's message is a one-line headline over its details."""
     from harness.reasons import headline, summarize
     from harness.reporting import attach_report
-    from harness.session import json_safe
+    from harness.json_values import json_safe
 
     def _check(outcome: Outcome) -> Any:
         hs = request.config.stash.get(SESSION_KEY, None)

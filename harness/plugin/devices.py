@@ -123,6 +123,12 @@ def pytest_runtest_teardown(item: pytest.Item):  # type: ignore[no-untyped-def]
         _release_device_lock(item)
 
 
+@pytest.hookimpl(tryfirst=True)  # before the session's fixtures are torn down and its devices closed
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    for item in session.items:  # an interrupted setup never reaches its teardown: its sampler still runs
+        _finish_telemetry(item, attach=False)
+
+
 _LOCK_KEY = pytest.StashKey[object]()
 
 

@@ -20,14 +20,15 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
-from harness.allure_report import tool_versions
+from harness.clock import now_iso
 from harness.errors import HarnessError
+from harness.files import write_text_atomically
 from harness.signoff.inputs import RunSet, SignoffInputError, load_runs
 from harness.signoff.page import PageContext, render_page
 from harness.signoff.verdict import ReleaseVerdict, decide
+from harness.versions import tool_versions
 
 DEFAULT_TITLE = "Snapdragon onboarding sign-off"
 EXIT_GO, EXIT_NO_GO, EXIT_BAD_INPUT, EXIT_RE_RUN = 0, 1, 2, 3
@@ -57,16 +58,10 @@ def build_signoff(results: list[Path], out: Path, title: str = DEFAULT_TITLE, ex
     """
     runs = load_runs(results)
     verdict = decide(runs, expect)
-    ctx = PageContext(title, datetime.now(timezone.utc).isoformat(timespec="seconds"), tool_versions())
+    ctx = PageContext(title, now_iso(), tool_versions())
     index = Path(out) / "index.html"
-    _write_atomic(index, render_page(runs, verdict, ctx))
+    write_text_atomically(index, render_page(runs, verdict, ctx))
     return Signoff(index, runs, verdict)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    from harness.files import write_text_atomically
-
-    write_text_atomically(path, text)
 
 
 def summary_lines(signoff: Signoff) -> list[str]:

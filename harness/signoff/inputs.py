@@ -9,15 +9,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
-from harness.allure_report import read_result_files, result_parameters, tool_versions
+from harness.allure_names import (DEVICE, ENVIRONMENT_NAMES, INCONCLUSIVE, MARGINAL, MODEL, SOC, STEP_PREFIX,
+                                  kpi_attachment, split_soc_parameter, status_text)
+from harness.allure_report import read_result_files, result_parameters
 from harness.errors import HarnessError
+from harness.versions import tool_versions
 
 OUTCOMES = ("passed", "inconclusive", "failed", "error", "skipped")
 NOT_RUN = "not run"
 _ALLURE_STATUS = {"passed": "passed", "failed": "failed", "broken": "error", "skipped": "skipped"}
-_INCONCLUSIVE, _MARGINAL = "INCONCLUSIVE: ", "MARGINAL: "  # the status messages harness.reporting gives them
-_STEP_PREFIX = "onboarding step: "
-_ENV_KEYS = {"harness": "harness_version", "onnxruntime-qnn": "onnxruntime_qnn", "qnn-sdk": "qnn_sdk"}
+_ENV_KEYS = {name: key for key, name in ENVIRONMENT_NAMES.items()}
 
 
 class SignoffInputError(HarnessError):
@@ -304,26 +305,26 @@ def load_allure_results(results: Path) -> _Loaded:
 
 def _allure_record(results: Path, path: Path, result: dict[str, Any], names: dict[str, str]) -> StepResult | None:
     params = result_parameters(result)
-    if not params.get("device") or not params.get("model"):
+    if not params.get(DEVICE) or not params.get(MODEL):
         return None  # not a harness step test
-    soc, _, soc_name = params.get("soc", "").partition(" (")
+    soc, soc_name = split_soc_parameter(params.get(SOC, ""))
     if soc_name:
-        names[soc] = soc_name.rstrip(")")
+        names[soc] = soc_name
     step = _allure_step(result)
     if step is None:
         return None
     outcome = _ALLURE_STATUS.get(str(result.get("status")), "error")
     message = str((result.get("statusDetails") or {}).get("message") or "")
     marginal: tuple[str, ...] = ()
-    if message.startswith(_INCONCLUSIVE) and result.get("status") == "unknown":
-        outcome, message = "inconclusive", message[len(_INCONCLUSIVE):]
-    elif message.startswith(_MARGINAL) and outcome == "passed":
-        marginal, message = tuple(message[len(_MARGINAL):].splitlines()), ""
+    if (reasons := status_text(INCONCLUSIVE, message)) is not None and result.get("status") == "unknown":
+        outcome, message = "inconclusive", reasons
+    elif (verdicts := status_text(MARGINAL, message)) is not None and outcome == "passed":
+        marginal, message = tuple(verdicts.splitlines()), ""
     attachments = list(_attachments(result))
     kpis = _kpi_attachment(results, step, attachments)
     charts = tuple(Chart(str(a.get("name") or "chart"), _read_attachment(results, a)) for a in attachments
                    if a.get("type") == "image/png" and _attachment_path(results, a).is_file())
-    return StepResult(params["device"], soc, params["model"], step, outcome, message, kpis, str(path.parent), charts,
+    return StepResult(params[DEVICE], soc, params[MODEL], step, outcome, message, kpis, str(path.parent), charts,
                       int(result.get("stop") or result.get("start") or 0), marginal)
 
 
@@ -331,8 +332,8 @@ def _allure_step(result: dict[str, Any]) -> str | None:
     """Return the onboarding step of a result: its 'onboarding step: X' step, else the test's name test_X[...]."""
     for step in result.get("steps") or []:
         name = str(step.get("name", ""))
-        if name.startswith(_STEP_PREFIX):
-            return name[len(_STEP_PREFIX):]
+        if name.startswith(STEP_PREFIX):
+            return name[len(STEP_PREFIX):]
     name = str(result.get("name", "")).split("[", 1)[0]
     return name[len("test_"):] if name.startswith("test_") and len(name) > 5 else None
 
@@ -360,7 +361,7 @@ def _read_attachment(results: Path, attachment: dict[str, Any]) -> bytes:
 
 def _kpi_attachment(results: Path, step: str, attachments: list[dict[str, Any]]) -> dict[str, Any]:
     for a in attachments:
-        if a.get("name") == f"{step} KPIs" and _attachment_path(results, a).is_file():
+        if a.get("name") == kpi_attachment(step) and _attachment_path(results, a).is_file():
             try:
                 kpis = json.loads(_read_attachment(results, a).decode("utf-8"))
             except (UnicodeDecodeError, json.JSONDecodeError) as e:

@@ -31,6 +31,7 @@ from harness.data import Feed
 from harness.devices import SocSpec
 from harness.errors import StepError
 from harness.estimate import estimate_latency, graph_cost
+from harness.files import sha256_file
 from harness.kpi import INTERVALS_KEY, Limit
 from harness.models import Thresholds
 from harness.profiling import QnnProfile, median_execute, op_table, parse_profile_csv
@@ -38,7 +39,6 @@ from harness.repeats import summary
 from harness.runner.client import DeviceRunner, RunResult, latency_source
 from harness.steps.context_binary import ContextBinary
 from harness.steps.report import StepReport
-from harness.transports.base import sha256_file
 
 PROFILE_ITERATIONS = 3  # executions recorded by the detailed-profiling run (medians are taken)
 TOP_OPS = 5

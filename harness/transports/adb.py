@@ -35,6 +35,7 @@ import adbutils
 from adbutils.errors import AdbError
 
 from harness.errors import ConfigError, DeviceTimeoutError, TransientTransportError, TransportError
+from harness.files import replacing
 from harness.transports.base import PushResult
 from harness.transports.shell import (CommandInterrupted, ShellStream, ShellTransport, kill_line, split_pid,
                                       with_pid_marker)
@@ -420,11 +421,10 @@ class _SyncSession:
         self._guard(f"push {remote}", go)
 
     def recv(self, remote: str, local: Path) -> None:
-        """Copy remote to local (written to local.part, then renamed)."""
+        """Copy remote to local (written to a temporary file beside it, then renamed)."""
         def go() -> None:
             self._request(b"RECV", remote)
-            tmp = local.with_name(local.name + ".part")
-            with open(tmp, "wb") as f:
+            with replacing(local) as tmp, open(tmp, "wb") as f:
                 while True:
                     head = self._read(8)
                     kind, length = head[:4], struct.unpack("<I", head[4:])[0]
@@ -434,11 +434,9 @@ class _SyncSession:
                         break
                     elif kind == b"FAIL":
                         message = self._read(length).decode(errors="replace")
-                        tmp.unlink(missing_ok=True)
                         raise TransportError(f"pull of {remote} failed: {message}", device=self.device_id)
                     else:
                         raise EOFError(f"unexpected sync reply {kind!r}")
-            os.replace(tmp, local)
         self._guard(f"pull {remote}", go)
 
     def list(self, remote: str) -> list[tuple[str, int]]:

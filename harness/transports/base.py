@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import hashlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ContextManager
 
 from harness.errors import ConfigError, DeviceLostError, DeviceTimeoutError, TransportError
+from harness.files import sha256_file
 
 if TYPE_CHECKING:
     from harness.devices import DeviceSpec, SocSpec
@@ -43,15 +43,6 @@ class PushResult:
     files_sent: int
     files_skipped: int
     bytes_sent: int
-
-
-def sha256_file(path: Path) -> str:
-    """Return the hex SHA-256 of a local file."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class RunnerStream(abc.ABC):

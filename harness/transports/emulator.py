@@ -30,9 +30,9 @@ from typing import Iterator
 
 from harness.emulator.thermal import EmulatedSensors, ThermalParams
 from harness.errors import DeviceTimeoutError, TransportError
-from harness.files import copy_atomically
-from harness.shutdown import GROUPS, kill_group, run_in_group
-from harness.transports.base import CommandResult, RunnerStream, Transport, sha256_file
+from harness.files import copy_atomically, sha256_file
+from harness.shutdown import GROUPS, kill_group, pid_alive, run_in_group
+from harness.transports.base import CommandResult, RunnerStream, Transport
 
 SYSFS_PREFIX = "/sys/"
 SYSTEM_BIN = "system/bin"
@@ -240,10 +240,4 @@ def _link_or_copy(src: str, dst: str) -> None:
 
 def _alive(pid_text: str) -> bool:
     """Return whether the local process with this pid exists (a stale session marker's does not)."""
-    try:
-        os.kill(int(pid_text), 0)
-    except (ValueError, ProcessLookupError):
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid_text.isdigit() and pid_alive(int(pid_text))
