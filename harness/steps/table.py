@@ -64,8 +64,9 @@ class KpiRule:
 class Step:
     """One onboarding step: run(onboarding, options) returns its StepReport (None: the Onboarding method of
     its name); requires its prerequisites in order; skip(options) a reason not to run (None: it runs); markers
-    its suite's pytest markers besides step(name); headline(kpis) the summary's short text; rules the
-    regression gate's KPI rules; scope its fixture's pytest scope."""
+    its suite's pytest markers besides step(name); headline(kpis) the summary's short text; page_kpis the KPIs
+    the sign-off page shows (None: its scalar KPIs); rules the regression gate's KPI rules; scope its fixture's
+    pytest scope."""
 
     name: str
     doc: str
@@ -75,6 +76,7 @@ class Step:
     skip: Callable[[StepOptions], str | None] | None = None
     markers: tuple[str, ...] = ()
     headline: Callable[[dict], str] | None = None
+    page_kpis: tuple[str, ...] | None = None
     rules: tuple[KpiRule, ...] = ()
     scope: str = "session"
 
@@ -186,27 +188,40 @@ def _accuracy_rules(step: str) -> tuple[KpiRule, ...]:
 
 STEPS: tuple[Step, ...] = (
     Step("feasibility", "Step 1 outcome.",
+         page_kpis=("nodes_total", "nodes_on_htp", "htp_fraction", "unsupported_ops", "unsupported_nodes",
+                    "largest_activation_bytes", "weights_bytes", "fits_vtcm"),
          headline=lambda k: f"HTP share {num(k.get('htp_fraction'), '.0%')}"
          + (f", unsupported {', '.join(k['unsupported_ops'])}" if k.get("unsupported_ops") else "")),
     Step("conversion", "Step 2 outcome.",
+         page_kpis=("nodes_before", "nodes_after", "folded", "opset_before", "opset_after", "transforms",
+                    "rewrites_applied", "equivalence_max_abs_diff", "equivalence_cosine", "input_shapes"),
          headline=lambda k: f"{k.get('nodes_before', '?')} -> {k.get('nodes_after', '?')} nodes, "
                             f"equivalence cosine {num(k.get('equivalence_cosine'), '.6f')}"),
     Step("float_baseline", "Step 3 stage 1 outcome (needs conversion).", requires=(passed("conversion"),),
+         page_kpis=("runtime", "max_abs_diff", "elements_out_of_tolerance", "task_metric_name", "task_metric"),
          headline=lambda k: f"max |diff| {num(k.get('max_abs_diff'), '.3g')}"),
     Step("ptq", "Step 3 stage 2 outcome (needs feasibility and conversion).",
          requires=(passed("feasibility"), passed("conversion")), rules=_accuracy_rules("ptq"),
+         page_kpis=("recipe", "task_metric_name", "task_metric", "float_task_metric", "task_metric_drop",
+                    "cosine_similarity", "sqnr_db", "runtime"),
          headline=lambda k: f"PTQ cosine {num(k.get('cosine_similarity'), '.4f')}, "
                             f"SQNR {num(k.get('sqnr_db'), '.1f')} dB"),
     Step("error_isolation", "Step 3 stage 3 outcome (runs for every model; fails only when PTQ missed its KPI).",
          requires=(ran("ptq"),),
+         page_kpis=("layers_compared", "first_divergent_node", "divergence_cause", "min_cosine_similarity",
+                    "worst_nodes"),
          headline=lambda k: f"first divergent node {k.get('first_divergent_node') or 'none'}"),
     Step("sweep", "Step 3 stage 4 outcome (skipped with --sweep off).",
          requires=(passed("feasibility"), passed("conversion")),
          skip=lambda o: ("--sweep off: no quantization sweep; mixed precision starts from the PTQ recipe"
                          if _sweep_off(o) else None),
+         page_kpis=("best", "best_meets_kpi", "candidates_meeting_kpi", "candidates", "task_metric",
+                    "cosine_similarity", "sqnr_db"),
          headline=lambda k: f"best {k.get('best', '-')}"),
     Step("mixed_precision", "Step 3 stage 5 outcome (needs error isolation's ranking, and the sweep unless "
          "--sweep off).", requires=(ran("error_isolation"), ran("sweep", when=lambda o: not _sweep_off(o))),
+         page_kpis=("met_threshold", "promoted_tensor_count", "promoted_units", "task_metric", "cosine_similarity",
+                    "sqnr_db", "model_bytes_increase_pct"),
          headline=lambda k: f"{k.get('promoted_tensor_count', 0)} promoted, met KPI {k.get('met_threshold')}"),
     Step("aimet", "Step 3 stage 6 outcome: AIMET recovery after mixed precision; skipped saying why when --aimet "
          "off, when the aimet extra is not installed, or (auto) when PTQ or mixed precision met the KPI.",
@@ -216,6 +231,7 @@ STEPS: tuple[Step, ...] = (
          "PTQ missed its accuracy limits the deployable model is still compiled, with a note saying so.",
          requires=(ran("ptq"),), run=_context_binary,
          rules=(KpiRule("context_binary", "context_bytes", "lower", "regression_size_threshold", "bytes"),),
+         page_kpis=("context_bytes", "compile_s", "load_s", "jit_load_s", "load_speedup", "qnn_sdk", "cache_hit"),
          headline=lambda k: f"{_mib(k, 'context_bytes')} MiB, load {num(k.get('load_s'), '.3g')} s"),
     Step("profile", "Step 5 outcome (needs the compiled context binary).", requires=(ran("context_binary"),),
          run=_profile,
@@ -225,18 +241,24 @@ STEPS: tuple[Step, ...] = (
                         "latency_noise_pct", "latency_source"),
                 KpiRule("profile", "peak_rss_mb", "blocks", "regression_memory_threshold", "MB",
                         "peak_rss_blocks_mb", "peak_rss_noise_pct")),
+         page_kpis=("latency_ms", "latency_source", "iterations", "peak_rss_mb", "estimated_latency_ms", "top_ops"),
          headline=lambda k: f"p50 {num((k.get('latency_ms') or {}).get('p50'), '.3g')} ms, "
                             f"p90 {num((k.get('latency_ms') or {}).get('p90'), '.3g')} ms "
                             f"({k.get('latency_source', '?')})"),
     Step("runtime", "Step 6 outcome (needs the compiled context binary).", requires=(ran("context_binary"),),
+         page_kpis=("cosine_similarity", "max_abs_diff", "bit_exact", "executed_on"),
          headline=lambda k: f"cosine {num(k.get('cosine_similarity'), '.6f')}"),
     Step("validation_accuracy", "Step 7 outcome: end-to-end task accuracy of the context binary (needs the "
          "compiled binary).", group="validation", requires=(passed("context_binary"),), markers=("validation",),
          rules=_accuracy_rules("validation_accuracy"),
+         page_kpis=("deployed_model", "samples", "task_metric_name", "task_metric", "task_metric_drop",
+                    "cosine_similarity"),
          headline=lambda k: f"{k.get('task_metric_name', 'metric')} {num(k.get('task_metric'), '.4g')}, "
                             f"cosine {num(k.get('cosine_similarity'), '.4f')}"),
     Step("sustained", "Step 7 outcome: cooldown, soak, thermals (needs the compiled binary).", group="validation",
          requires=(passed("context_binary"),), markers=("validation",),
+         page_kpis=("stability_pct", "sustained_to_peak", "throttling_onset_s", "max_temp_c", "max_temp_zone",
+                    "max_skin_temp_c", "thermal_status_max_name", "latency_ms", "telemetry_source"),
          headline=lambda k: f"stability {num(k.get('stability_pct'), '.0f')}%, "
                             f"onset {num(k.get('throttling_onset_s'), 'g')} s, "
                             f"max {num(k.get('max_temp_c'), '.1f')} °C {k.get('max_temp_zone') or ''} "
@@ -245,11 +267,14 @@ STEPS: tuple[Step, ...] = (
          requires=(passed("context_binary"),), markers=("validation",),
          rules=(KpiRule("energy", "energy_per_inference_mj", "blocks", "regression_energy_threshold", "mJ",
                         "energy_blocks_mj", "energy_noise_pct"),),
+         page_kpis=("energy_per_inference_mj", "inferences_per_joule", "mean_power_w", "idle_power_w", "inferences",
+                    "sampling_interval_s", "power_source"),
          headline=lambda k: f"{num(k.get('energy_per_inference_mj'), '.3g')} mJ/inference "
                             f"({k.get('power_source', '?')})"),
     Step("concurrency", "Step 7 outcome: N sessions at once, with the run's other models on the same device when "
          "there are several (those whose context binary builds).", group="validation",
          requires=(passed("context_binary"),), run=_concurrency, markers=("validation",),
+         page_kpis=("sessions", "mode", "aggregate_throughput_ips", "latency_degradation", "errors"),
          headline=lambda k: f"{k.get('sessions', '?')} sessions, "
                             f"degradation x{num(k.get('latency_degradation'), '.2f')}, errors {k.get('errors', '-')}"),
     Step("regression", "The regression step's outcome: this run's records of the target against its baseline file "
@@ -266,6 +291,8 @@ STEPS: tuple[Step, ...] = (
                             f"{num(k.get('decode_htp_fraction'), '.0%')}, KV cache {_mib(k, 'kv_cache_bytes')} MiB"),
     Step("llm_accuracy", "LLM Step 3 outcome (needs feasibility).", group="llm",
          requires=(passed("llm_feasibility"),), markers=("llm",),
+         page_kpis=("recipe", "perplexity_float_host", "perplexity_qdq_host", "perplexity_htp",
+                    "perplexity_increase", "greedy_agreement", "greedy_exact_agreement", "source"),
          headline=lambda k: f"{k.get('recipe', '?')} perplexity HTP {num(k.get('perplexity_htp'), '.2f')} vs float "
                             f"{num(k.get('perplexity_float_host'), '.2f')}, "
                             f"greedy {num(k.get('greedy_agreement'), '.0%')}"),
@@ -274,11 +301,16 @@ STEPS: tuple[Step, ...] = (
          headline=lambda k: f"{_mib(k, 'context_bytes')} MiB"),
     Step("genie_runtime", "LLM Step 5 outcome (needs the context binaries, and the float model's tokens from "
          "accuracy).", group="llm", requires=(passed("llm_context_binary"), ran("llm_accuracy")), markers=("llm",),
+         page_kpis=("driver", "context_length", "init_time_ms", "time_to_first_token_ms_min",
+                    "time_to_first_token_ms_max", "prompt_tokens_per_s", "tokens_per_s", "genie_prefix_tokens_min",
+                    "source"),
          headline=lambda k: f"{num(k.get('tokens_per_s'), '.1f')} tokens/s, first token "
                             f"{num(k.get('time_to_first_token_ms_min'), '.0f')}-"
                             f"{num(k.get('time_to_first_token_ms_max'), '.0f')} ms ({k.get('source', '?')})"),
     Step("genie_stress", "LLM Step 7 outcome (needs Genie to run at all).", group="llm",
          requires=(ran("genie_runtime"),), markers=("llm", "validation"),
+         page_kpis=("queries", "errors", "rss_growth_mb", "tokens_per_s_mean", "last_round_vs_first_tokens_per_s",
+                    "source"),
          headline=lambda k: f"{k.get('queries', '?')} queries, errors {k.get('errors', '-')}, "
                             f"RSS +{num(k.get('rss_growth_mb'), '.0f')} MB"),
 )
