@@ -330,6 +330,8 @@ def _step_fixture(step: Step):
     failed one skips it), then its skip condition, then its Outcome for the target."""
 
     def fixture(target, request: pytest.FixtureRequest) -> Outcome:
+        # target is a static argument so that pytest parametrizes and caches the fixture per device x model;
+        # the prerequisites and the Onboarding are requested as the table says, so a skip can come first
         options = StepOptions(target, request.config.option, request.config.stash[SESSION_KEY],
                               lambda: request.getfixturevalue("onboarding"))
         for need in step.requires:
