@@ -10,67 +10,18 @@ else 0: every requested step ran and passed.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import Iterable
 
 from harness.kpi import INTERVALS_KEY, interval_of, kpi_value
 from harness.reasons import details
 from harness.reasons import headline as reason_headline
 from harness.session import StepRecord
+from harness.steps.table import find
+from harness.steps.table import num as _num
 
 EXIT_DEVICES_OUT = 6
 EXIT_INCONCLUSIVE = 7
 OUT_OF_SERVICE = ("quarantined", "unhealthy")
-
-
-def _num(value: Any, fmt: str) -> str:
-    return format(value, fmt) if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
-
-
-def _latency(k: dict) -> str:
-    lat = k.get("latency_ms") or {}
-    return f"p50 {_num(lat.get('p50'), '.3g')} ms, p90 {_num(lat.get('p90'), '.3g')} ms ({k.get('latency_source', '?')})"
-
-
-def _accuracy(k: dict) -> str:
-    return (f"{k.get('task_metric_name', 'metric')} {_num(k.get('task_metric'), '.4g')}, "
-            f"cosine {_num(k.get('cosine_similarity'), '.4f')}")
-
-
-HEADLINES: dict[str, Callable[[dict], str]] = {
-    "feasibility": lambda k: f"HTP share {_num(k.get('htp_fraction'), '.0%')}"
-                             + (f", unsupported {', '.join(k['unsupported_ops'])}" if k.get("unsupported_ops") else ""),
-    "conversion": lambda k: f"{k.get('nodes_before', '?')} -> {k.get('nodes_after', '?')} nodes, "
-                            f"equivalence cosine {_num(k.get('equivalence_cosine'), '.6f')}",
-    "float_baseline": lambda k: f"max |diff| {_num(k.get('max_abs_diff'), '.3g')}",
-    "ptq": lambda k: f"PTQ cosine {_num(k.get('cosine_similarity'), '.4f')}, SQNR {_num(k.get('sqnr_db'), '.1f')} dB",
-    "error_isolation": lambda k: f"first divergent node {k.get('first_divergent_node') or 'none'}",
-    "sweep": lambda k: f"best {k.get('best', '-')}",
-    "mixed_precision": lambda k: f"{k.get('promoted_tensor_count', 0)} promoted, met KPI {k.get('met_threshold')}",
-    "context_binary": lambda k: f"{_num((k.get('context_bytes') or 0) / 2**20, '.2f')} MiB, load {_num(k.get('load_s'), '.3g')} s",
-    "profile": _latency,
-    "runtime": lambda k: f"cosine {_num(k.get('cosine_similarity'), '.6f')}",
-    "validation_accuracy": _accuracy,
-    "sustained": lambda k: f"stability {_num(k.get('stability_pct'), '.0f')}%, onset {_num(k.get('throttling_onset_s'), 'g')} s, "
-                           f"max {_num(k.get('max_temp_c'), '.1f')} °C {k.get('max_temp_zone') or ''} ({k.get('telemetry_source', '?')})",
-    "energy": lambda k: f"{_num(k.get('energy_per_inference_mj'), '.3g')} mJ/inference ({k.get('power_source', '?')})",
-    "concurrency": lambda k: f"{k.get('sessions', '?')} sessions, degradation x{_num(k.get('latency_degradation'), '.2f')}, "
-                             f"errors {k.get('errors', '-')}",
-    "regression": lambda k: f"regressed: {', '.join(k.get('regressed') or []) or 'none'}",
-    "aimet": lambda k: f"met KPI {k.get('met_threshold')}",
-    "llm_conversion": lambda k: f"prefill {k.get('prefill_nodes_after', '?')} / decode {k.get('decode_nodes_after', '?')} "
-                                f"nodes, AR-{k.get('prefill_ar', '?')} CL-{k.get('context_length', '?')}",
-    "llm_feasibility": lambda k: f"HTP share {_num(k.get('prefill_htp_fraction'), '.0%')} / "
-                                 f"{_num(k.get('decode_htp_fraction'), '.0%')}, KV cache "
-                                 f"{_num((k.get('kv_cache_bytes') or 0) / 2**20, '.2f')} MiB",
-    "llm_accuracy": lambda k: f"{k.get('recipe', '?')} perplexity HTP {_num(k.get('perplexity_htp'), '.2f')} vs float "
-                              f"{_num(k.get('perplexity_float_host'), '.2f')}, greedy {_num(k.get('greedy_agreement'), '.0%')}",
-    "llm_context_binary": lambda k: f"{_num((k.get('context_bytes') or 0) / 2**20, '.2f')} MiB",
-    "genie_runtime": lambda k: f"{_num(k.get('tokens_per_s'), '.1f')} tokens/s, first token "
-                               f"{_num(k.get('time_to_first_token_ms_min'), '.0f')}-{_num(k.get('time_to_first_token_ms_max'), '.0f')}"
-                               f" ms ({k.get('source', '?')})",
-    "genie_stress": lambda k: f"{k.get('queries', '?')} queries, errors {k.get('errors', '-')}, RSS "
-                              f"+{_num(k.get('rss_growth_mb'), '.0f')} MB",
-}
 
 
 def headline(record: StepRecord) -> str:
@@ -78,7 +29,8 @@ def headline(record: StepRecord) -> str:
     if record.outcome not in ("passed", "failed", "inconclusive") or not record.kpis:
         return ""
     try:
-        return HEADLINES.get(record.step, lambda k: "")(record.kpis)
+        step = find(record.step)
+        return step.headline(record.kpis) if step is not None and step.headline is not None else ""
     except (TypeError, ValueError, KeyError):
         return ""
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import types
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any, Generic, TypeVar
 import pytest
 
 from harness.errors import HarnessError
+from harness.steps.table import PASSED, Step, StepOptions, steps
 
 # Fixtures and options of the later onboarding steps live in sibling modules, one per area.
 pytest_plugins: list[str] = ["harness.plugin.performance", "harness.plugin.accuracy", "harness.plugin.devices",
@@ -116,6 +118,7 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(str(e)) from None
     config.stash[SESSION_KEY] = session
     config.pluginmanager.register(_RecordCollector(session), "harness-records")
+    config.pluginmanager.register(_step_fixtures(), "harness-step-fixtures")
 
 
 def _is_xdist_worker(config: pytest.Config) -> bool:
@@ -322,31 +325,36 @@ def onboarding(target, harness_session):
         pytest.fail(summarize(f"device {target.device.id}", [str(e)]), pytrace=False)
 
 
-@pytest.fixture(scope="session")
-def feasibility(onboarding) -> Outcome:
-    """Step 1 outcome."""
-    return _outcome("feasibility", onboarding.feasibility)
+def _step_fixture(step: Step):
+    """Return the fixture of a table step: the Outcome of its prerequisites required as the table says (each
+    failed one skips it), then its skip condition, then its Outcome for the target."""
+
+    def fixture(target, request: pytest.FixtureRequest) -> Outcome:
+        # target is a static argument so that pytest parametrizes and caches the fixture per device x model;
+        # the prerequisites and the Onboarding are requested as the table says, so a skip can come first
+        options = StepOptions(target, request.config.option, request.config.stash[SESSION_KEY],
+                              lambda: request.getfixturevalue("onboarding"))
+        for need in step.requires:
+            if need.when is None or need.when(options):
+                outcome = request.getfixturevalue(need.step)
+                outcome.require() if need.mode == PASSED else outcome.require_value()
+        reason = step.skip(options) if step.skip is not None else None
+        if reason is not None:
+            pytest.skip(reason)
+        onboarding = options.onboarding()
+        return _outcome(step.name, lambda: step.call(onboarding, options))
+
+    fixture.__name__ = fixture.__qualname__ = step.name
+    fixture.__doc__ = step.doc
+    return pytest.fixture(scope=step.scope, name=step.name)(fixture)
 
 
-@pytest.fixture(scope="session")
-def conversion(onboarding) -> Outcome:
-    """Step 2 outcome."""
-    return _outcome("conversion", onboarding.conversion)
-
-
-@pytest.fixture(scope="session")
-def float_baseline(onboarding, conversion) -> Outcome:
-    """Step 3 stage 1 outcome (needs conversion)."""
-    conversion.require()
-    return _outcome("float_baseline", onboarding.float_baseline)
-
-
-@pytest.fixture(scope="session")
-def ptq(onboarding, feasibility, conversion) -> Outcome:
-    """Step 3 stage 2 outcome (needs feasibility and conversion)."""
-    feasibility.require()
-    conversion.require()
-    return _outcome("ptq", onboarding.ptq)
+def _step_fixtures() -> types.ModuleType:
+    """Return a plugin holding one fixture per step of the table (and of the registered steps)."""
+    holder = types.ModuleType("harness.plugin.step_fixtures", "The step fixtures, one per step of the step table.")
+    for step in steps():
+        setattr(holder, step.name, _step_fixture(step))
+    return holder
 
 
 @pytest.fixture(autouse=True)

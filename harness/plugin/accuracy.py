@@ -1,4 +1,4 @@
-"""pytest options and fixtures for accuracy analysis and recovery (Step 3, stages 3-5).
+"""pytest options for accuracy analysis and recovery (Step 3, stages 3-5).
 
 Options: `--sweep off|quick|full`, `--quantization-overrides FILE` (a QAIRT/AIMET encodings
 JSON) and `--aimet auto|on|off` (the AIMET recovery step: auto runs it when the aimet extra is installed
@@ -46,54 +46,3 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SESSION_KEY].accuracy = RecoveryOptions(sweep=config.getoption("sweep", "quick"),
                                                          encodings=encodings, encodings_file=source,
                                                          aimet=config.getoption("aimet", "auto"))
-
-
-@pytest.fixture(scope="session")
-def accuracy_options(pytestconfig: pytest.Config):
-    """The AccuracyOptions of this run."""
-    return pytestconfig.stash[SESSION_KEY].accuracy
-
-
-@pytest.fixture(scope="session")
-def error_isolation(onboarding, ptq):
-    """Step 3 stage 3 outcome (runs for every model; fails only when PTQ missed its KPI)."""
-    from harness.plugin import _outcome
-
-    ptq.require_value()
-    return _outcome("error_isolation", onboarding.error_isolation)
-
-
-@pytest.fixture(scope="session")
-def sweep(onboarding, feasibility, conversion, accuracy_options):
-    """Step 3 stage 4 outcome (skipped with --sweep off)."""
-    from harness.plugin import _outcome
-
-    feasibility.require()
-    conversion.require()
-    if accuracy_options.sweep == "off":
-        pytest.skip("--sweep off: no quantization sweep; mixed precision starts from the PTQ recipe")
-    return _outcome("sweep", onboarding.sweep)
-
-
-@pytest.fixture(scope="session")
-def mixed_precision(onboarding, error_isolation, accuracy_options, request: pytest.FixtureRequest):
-    """Step 3 stage 5 outcome (needs error isolation's ranking, and the sweep unless --sweep off)."""
-    from harness.plugin import _outcome
-
-    error_isolation.require_value()
-    if accuracy_options.sweep != "off":
-        request.getfixturevalue("sweep").require_value()
-    return _outcome("mixed_precision", onboarding.mixed_precision)
-
-
-@pytest.fixture(scope="session")
-def aimet(onboarding, ptq):
-    """Step 3 stage 6 outcome: AIMET recovery after mixed precision; skipped saying why when --aimet off, when
-    the aimet extra is not installed, or (auto) when PTQ or mixed precision met the KPI."""
-    from harness.plugin import _outcome
-
-    ptq.require_value()
-    reason = onboarding.aimet_skip_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    return _outcome("aimet", onboarding.aimet)

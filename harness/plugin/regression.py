@@ -1,4 +1,4 @@
-"""pytest options, hooks and the fixture of baselines and regression gates.
+"""pytest options and hooks of baselines and regression gates (the step's fixture comes from the step table).
 
 * ``--save-baseline DIR``: at the end of the session (on the controller; under pytest-xdist the step
   records arrive there through the test reports) one baseline file per device × model that ran a step,
@@ -11,13 +11,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
 from harness.baseline import REGRESSION_STEP
 from harness.errors import HarnessError
-from harness.plugin import SESSION_KEY, Outcome, _outcome
+from harness.plugin import SESSION_KEY
+from harness.steps.table import option_dir as _dir
 
 _SAVED_KEY = pytest.StashKey[list]()
 _SAVE_ERROR_KEY = pytest.StashKey[str]()
@@ -31,10 +31,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--save-baseline", default=None, metavar="DIR",
                     help="at the end of the run, save each device x model's step outcomes and KPIs (with the latency "
                          "blocks, noise floors and the artifact measured) as DIR/<device>/<model>.json")
-
-
-def _dir(value: str | None) -> Path | None:
-    return Path(value).expanduser().absolute() if value else None
 
 
 @pytest.hookimpl(trylast=True)  # after the core plugin has made the HarnessSession
@@ -101,26 +97,3 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:  #
             terminalreporter.write_line(f"not saved for {s.device} x {s.model}: {s.reason}", yellow=True)
     if error is not None:
         terminalreporter.write_line(error, red=True)
-
-
-@pytest.fixture
-def regression(target, harness_session, pytestconfig: pytest.Config, request: pytest.FixtureRequest) -> Outcome:
-    """The regression step's outcome: this run's records of the target against its baseline file (function
-    scope: it reads the records of the steps that ran before it), with an interleaved A/B on the target's
-    device where the baseline's artifact is in the cache. Skipped without --baseline, or when the baseline
-    directory has no file for this device x model."""
-    from harness.baseline import baseline_path
-    from harness.latency_ab import Bench
-    from harness.steps.regression import regression_against
-
-    root = _dir(pytestconfig.option.baseline)
-    if root is None:
-        pytest.skip("no --baseline DIR given: there is no baseline to compare this run with")
-    path = baseline_path(root, target.device.id, target.model.name)
-    if not path.is_file():
-        pytest.skip(f"no baseline for {target.device.id} x {target.model.name}: expected {path} "
-                    f"(write it with --save-baseline {root})")
-    onboarding = request.getfixturevalue("onboarding")
-    bench = Bench(onboarding.runner, lambda: onboarding.dataset().evaluation[0], harness_session.cache.root)
-    return _outcome(REGRESSION_STEP, lambda: regression_against(path, target, harness_session.records,
-                                                                harness_session.cache, bench))

@@ -1,13 +1,13 @@
-"""pytest options and fixtures of Step 7, validation: end-to-end accuracy, sustained performance and
-thermals, energy per inference, concurrency. Its suites carry the `validation` marker: `-m "not
-validation"` or `--skip-validation` leaves them out."""
+"""pytest options of Step 7, validation: end-to-end accuracy, sustained performance and thermals, energy per
+inference, concurrency (their fixtures come from the step table, harness.steps.table). Its suites carry the
+`validation` marker: `-m "not validation"` or `--skip-validation` leaves them out."""
 
 from __future__ import annotations
 
 import pytest
 
 from harness.errors import HarnessError
-from harness.plugin import SESSION_KEY, Outcome, _outcome
+from harness.plugin import SESSION_KEY
 from harness.plugin.option_types import bounded, positive_seconds, seconds
 
 _sessions = bounded(int, 1, "a number of sessions (1 or more)")
@@ -61,41 +61,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if len(kept) < len(items):
         config.hook.pytest_deselected(items=[item for item in items if item not in kept])
         items[:] = kept
-
-
-@pytest.fixture(scope="session")
-def validation_accuracy(onboarding, context_binary) -> Outcome:
-    """Step 7 outcome: end-to-end task accuracy of the context binary (needs the compiled binary)."""
-    context_binary.require()
-    return _outcome("validation_accuracy", onboarding.validation_accuracy)
-
-
-@pytest.fixture(scope="session")
-def sustained(onboarding, context_binary) -> Outcome:
-    """Step 7 outcome: cooldown, soak, thermals (needs the compiled binary)."""
-    context_binary.require()
-    return _outcome("sustained", onboarding.sustained)
-
-
-@pytest.fixture(scope="session")
-def energy(onboarding, context_binary) -> Outcome:
-    """Step 7 outcome: energy per inference (needs the compiled binary)."""
-    context_binary.require()
-    return _outcome("energy", onboarding.energy)
-
-
-@pytest.fixture(scope="session")
-def concurrency(onboarding, context_binary, harness_session) -> Outcome:
-    """Step 7 outcome: N sessions at once, with the run's other models on the same device when there are
-    several (those whose context binary builds)."""
-    context_binary.require()
-    others = []
-    for target in harness_session.targets:
-        if target.device.id == onboarding.target.device.id and target.model.name != onboarding.target.model.name:
-            other = harness_session.onboarding(target)
-            try:
-                other.context_artifact()
-            except HarnessError:
-                continue
-            others.append(other)
-    return _outcome("concurrency", lambda: onboarding.concurrency(others))

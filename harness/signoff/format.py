@@ -7,52 +7,22 @@ import re
 from datetime import datetime, timezone
 from typing import Any
 
+from harness.steps.table import find
+
 _PYTEST_PREFIX = re.compile(r"^(Failed|Skipped|XFailed): ")
 MAX_ITEMS = 6
 COMPARE_DIGITS = 6  # baseline comparisons: 0.999999 against 0.999909 must not both read 1
 MAX_TEXT = 140
 
-# The headline KPIs of each step (README "What each step checks"); other steps show their scalar KPIs.
-MAIN_KPIS: dict[str, tuple[str, ...]] = {
-    "feasibility": ("nodes_total", "nodes_on_htp", "htp_fraction", "unsupported_ops", "unsupported_nodes",
-                    "largest_activation_bytes", "weights_bytes", "fits_vtcm"),
-    "conversion": ("nodes_before", "nodes_after", "folded", "opset_before", "opset_after", "transforms",
-                   "rewrites_applied", "equivalence_max_abs_diff", "equivalence_cosine", "input_shapes"),
-    "float_baseline": ("runtime", "max_abs_diff", "elements_out_of_tolerance", "task_metric_name", "task_metric"),
-    "ptq": ("recipe", "task_metric_name", "task_metric", "float_task_metric", "task_metric_drop",
-            "cosine_similarity", "sqnr_db", "runtime"),
-    "error_isolation": ("layers_compared", "first_divergent_node", "divergence_cause", "min_cosine_similarity",
-                        "worst_nodes"),
-    "sweep": ("best", "best_meets_kpi", "candidates_meeting_kpi", "candidates", "task_metric",
-              "cosine_similarity", "sqnr_db"),
-    "mixed_precision": ("met_threshold", "promoted_tensor_count", "promoted_units", "task_metric",
-                        "cosine_similarity", "sqnr_db", "model_bytes_increase_pct"),
-    "context_binary": ("context_bytes", "compile_s", "load_s", "jit_load_s", "load_speedup", "qnn_sdk",
-                       "cache_hit"),
-    "profile": ("latency_ms", "latency_source", "iterations", "peak_rss_mb", "estimated_latency_ms", "top_ops"),
-    "runtime": ("cosine_similarity", "max_abs_diff", "bit_exact", "executed_on"),
-    "validation_accuracy": ("deployed_model", "samples", "task_metric_name", "task_metric", "task_metric_drop",
-                            "cosine_similarity"),
-    "sustained": ("stability_pct", "sustained_to_peak", "throttling_onset_s", "max_temp_c", "max_temp_zone",
-                  "max_skin_temp_c", "thermal_status_max_name", "latency_ms", "telemetry_source"),
-    "energy": ("energy_per_inference_mj", "inferences_per_joule", "mean_power_w", "idle_power_w", "inferences",
-               "sampling_interval_s", "power_source"),
-    "concurrency": ("sessions", "mode", "aggregate_throughput_ips", "latency_degradation", "errors"),
-    "llm_accuracy": ("recipe", "perplexity_float_host", "perplexity_qdq_host", "perplexity_htp", "perplexity_increase",
-                     "greedy_agreement", "greedy_exact_agreement", "source"),
-    "genie_runtime": ("driver", "context_length", "init_time_ms", "time_to_first_token_ms_min",
-                      "time_to_first_token_ms_max", "prompt_tokens_per_s", "tokens_per_s", "genie_prefix_tokens_min",
-                      "source"),
-    "genie_stress": ("queries", "errors", "rss_growth_mb", "tokens_per_s_mean", "last_round_vs_first_tokens_per_s",
-                     "source"),
-}
 _SKIP = {"telemetry", "verdicts", "intervals"}
 MAX_GENERIC_KPIS = 12
 
 
 def main_kpis(step: str, kpis: dict[str, Any]) -> list[tuple[str, Any]]:
-    """Return the (name, value) pairs to show for a step: its headline KPIs, else its scalar KPIs."""
-    names = MAIN_KPIS.get(step)
+    """Return the (name, value) pairs to show for a step: its headline KPIs (the step table's page_kpis), else
+    its scalar KPIs."""
+    declared = find(step)
+    names = declared.page_kpis if declared is not None else None
     if names is not None:
         return [(k, kpis[k]) for k in names if k in kpis]
     scalars = [(k, v) for k, v in kpis.items() if k not in _SKIP and not isinstance(v, (dict, list))]

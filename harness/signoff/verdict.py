@@ -5,19 +5,17 @@ could not decide a limit: each says which step and how many more samples it need
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from harness.errors import HarnessError
 from harness.signoff.format import COMPARE_DIGITS, details, headline, value_text, when
 from harness.signoff.inputs import NOT_RUN, DeviceState, RunSet, StepResult
+from harness.steps.table import names
 
 REGRESSION_STEP = "regression"
 REASON_KINDS = ("failed", "regression", "quarantined", "not_run", "inconclusive")
 GO, NO_GO, RE_RUN = "GO", "NO-GO", "RE-RUN"
-_STEP_MARKER = re.compile(r"""mark\.step\(\s*["']([\w.-]+)["']""")
 
 
 class ExpectedStepsError(HarnessError):
@@ -97,19 +95,9 @@ class ReleaseVerdict:
         return [r for r in self.reasons if r.kind == kind]
 
 
-def suite_steps() -> list[str]:
-    """Return the onboarding steps of the shipped suites in their run order (from their step markers)."""
-    suites = Path(__file__).resolve().parent.parent / "suites"
-    steps: list[str] = []
-    for module in sorted(suites.glob("test_*.py")):
-        steps += [s for s in _STEP_MARKER.findall(module.read_text(encoding="utf-8")) if s not in steps]
-    return steps
-
-
 def order_steps(steps: set[str] | list[str]) -> list[str]:
-    """Return steps in the suites' order, steps the suites do not have after them in name order."""
-    canonical = suite_steps()
-    rank = {s: i for i, s in enumerate(canonical)}
+    """Return steps in the step table's order, steps the table does not have after them in name order."""
+    rank = {s: i for i, s in enumerate(names())}
     return sorted(set(steps), key=lambda s: (rank.get(s, len(rank)), s))
 
 
@@ -126,7 +114,7 @@ def expected_steps(runs: RunSet, rule: str = "seen") -> tuple[list[str], str]:
         ran = {r.step for r in runs.results if r.outcome != "skipped"}
         return order_steps(ran), "every step that ran on at least one device × model of these runs"
     if rule == "all":
-        return order_steps(seen | set(suite_steps())), "every step of the onboarding suites"
+        return order_steps(seen | set(names())), "every step of the onboarding suites"
     listed = [s.strip() for s in rule.split(",") if s.strip()]
     if not listed:
         raise ExpectedStepsError(f"--expect-steps {rule!r} names no step: give 'seen', 'all' or STEP,STEP,...")
@@ -168,7 +156,7 @@ def decide(runs: RunSet, rule: str = "seen") -> ReleaseVerdict:
     reasons.sort(key=lambda x: REASON_KINDS.index(x.kind))
     skipped = {r.step: headline(r.message) for r in runs.results if r.step not in expected and r.outcome == "skipped"}
     recorded = {r.step for r in runs.results}
-    missing = [s for s in suite_steps() if s not in expected and s not in recorded]
+    missing = [s for s in names() if s not in expected and s not in recorded]
     return ReleaseVerdict(reasons, expected, rule_text, deltas, dict(sorted(skipped.items())), missing)
 
 

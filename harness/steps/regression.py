@@ -1,6 +1,7 @@
 """The regression step: this run's KPIs for one device × model against a saved baseline (--baseline DIR).
 
-Which KPI is compared by which rule (RULES; the rules themselves are in harness.baseline):
+Which KPI is compared by which rule (each step's `rules` in harness.steps.table; the rules themselves are in
+harness.baseline):
 
 * accuracy, higher is better, by an absolute tolerance: ptq's and validation_accuracy's ``task_metric``
   and ``cosine_similarity`` (``regression_accuracy_tolerance``), ``sqnr_db`` (``regression_sqnr_tolerance_db``);
@@ -20,7 +21,7 @@ inconclusive one makes the step inconclusive (never failed); `new` and `missing`
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -31,50 +32,13 @@ from harness.errors import ContextMismatchError, RunnerError
 from harness.models import Thresholds
 from harness.repeats import min_unpaired_p, summary
 from harness.steps.report import StepReport
+from harness.steps.table import WALL, KpiRule, rules
 
 if TYPE_CHECKING:
     from harness.cache import ArtifactCache
     from harness.latency_ab import Bench
     from harness.pipeline import Target
     from harness.session import StepRecord
-
-WALL = "latency_ms.p50"  # the wall-time latency figure: simulator or device
-
-
-@dataclass(frozen=True)
-class KpiRule:
-    """How one KPI of one step is compared: kind is 'higher' (absolute tolerance), 'lower' (relative
-    threshold) or 'blocks' (independent blocks, see compare_blocks); setting names the Thresholds field;
-    blocks and noise name the KPIs holding its block values and their spread, source its label's KPI."""
-
-    step: str
-    kpi: str
-    kind: str
-    setting: str
-    unit: str = ""
-    blocks: str = ""
-    noise: str = ""
-    source: str = ""
-
-
-_ACCURACY = [KpiRule(step, kpi, "higher", setting, unit)
-             for step in ("ptq", "validation_accuracy")
-             for kpi, setting, unit in (("task_metric", "regression_accuracy_tolerance", ""),
-                                        ("cosine_similarity", "regression_accuracy_tolerance", ""),
-                                        ("sqnr_db", "regression_sqnr_tolerance_db", "dB"))]
-RULES: tuple[KpiRule, ...] = (
-    *_ACCURACY,
-    KpiRule("context_binary", "context_bytes", "lower", "regression_size_threshold", "bytes"),
-    KpiRule("profile", "device_latency_ms", "blocks", "regression_latency_threshold", "ms",
-            "device_latency_blocks_ms", "device_latency_noise_pct", "device_latency_source"),
-    KpiRule("profile", WALL, "blocks", "regression_latency_threshold", "ms", "latency_blocks_ms",
-            "latency_noise_pct", "latency_source"),
-    KpiRule("profile", "peak_rss_mb", "blocks", "regression_memory_threshold", "MB", "peak_rss_blocks_mb",
-            "peak_rss_noise_pct"),
-    KpiRule("energy", "energy_per_inference_mj", "blocks", "regression_energy_threshold", "mJ",
-            "energy_blocks_mj", "energy_noise_pct"),
-)
-
 
 def _get(kpis: dict[str, Any] | None, dotted: str) -> Any:
     value: Any = kpis
@@ -213,11 +177,11 @@ def _ab(bench: "Bench", artifact: Path, candidate: Path, c_kpis: dict[str, Any],
 
 def compare(baseline: Snapshot, current: Snapshot, thresholds: Thresholds,
             baseline_where: str = "the baseline", bench: "Bench | None" = None) -> list[KpiVerdict]:
-    """Return the verdicts of every KPI of RULES and every step's outcome that either side has, in step order
-    (this run's steps first); bench: where an A/B can run (None: nowhere). Raises BaselineError naming
+    """Return the verdicts of every step's KPI rules (harness.steps.table) and of every step's outcome that
+    either side has, in step order (this run's steps first); bench: where an A/B can run (None: nowhere). Raises BaselineError naming
     baseline_where for a baseline KPI of the wrong type."""
     verdicts: list[KpiVerdict] = []
-    for rule in RULES:
+    for rule in rules():
         setting = getattr(thresholds, rule.setting)
         if rule.kind == "blocks":
             judged = any(v.kpi == "device_latency_ms" and v.verdict not in ("new", "missing") for v in verdicts)
