@@ -37,8 +37,8 @@ from harness.transports.base import sha256_file
 if TYPE_CHECKING:
     from harness.cache import ArtifactCache
     from harness.models import ModelSpec
-    from harness.pipeline import Target
-    from harness.session import StepRecord
+    from harness.records import StepRecord
+    from harness.target import Target
 
 FORMAT = 2
 READ_FORMATS = (1, 2)  # format 1: an older harness's baseline, without latency blocks or artifact

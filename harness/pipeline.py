@@ -6,7 +6,7 @@ can ask for what it needs without knowing whether another step already built it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from harness import sizing
@@ -26,20 +26,7 @@ from harness.steps import concurrency, energy, sustained, validation_accuracy
 from harness.steps.context_binary import ContextBinary
 from harness.steps.inference import host_reference
 from harness.steps.report import StepReport
-
-@dataclass(frozen=True)
-class Target:
-    """One device × model combination under test."""
-
-    device: DeviceSpec
-    soc: SocSpec
-    model: ModelSpec
-
-    @property
-    def id(self) -> str:
-        """A readable test id, e.g. 'sm8650-emu-digits_cnn'."""
-        return f"{self.device.id}-{self.model.name}"
-
+from harness.target import Target
 
 class Onboarding(LlmOnboarding):
     """Artifacts and step reports for one Target, computed on demand."""

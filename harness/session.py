@@ -16,31 +16,10 @@ from harness.cache import ArtifactCache
 from harness.errors import DeviceLostError, DeviceQuarantinedError, HarnessError
 from harness.farm import now_iso
 from harness.devices import DevicesFile, DeviceSpec
-from harness.pipeline import Target
+from harness.records import StepRecord
 from harness.runner.client import DeviceRunner
+from harness.target import Target
 from harness.transports import Transport, open_transport
-
-
-OUTCOMES = ("passed", "inconclusive", "failed", "error", "skipped")
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    """One line of --kpi-json: a step's outcome and KPIs for one device × model.
-
-    outcome is one of OUTCOMES: `inconclusive` when no limit failed but the evidence could not decide one
-    (the message says which and how many more samples are needed). message's first line is its headline
-    (under 200 characters), the details below it. marginal: the verdicts of limits passed close to a bound.
-    KPIs measured on samples carry their confidence intervals under kpis["intervals"] (harness.kpi)."""
-
-    device: str
-    soc: str
-    model: str
-    step: str
-    outcome: str
-    kpis: dict[str, Any]
-    message: str = ""
-    marginal: list[str] = field(default_factory=list)
 
 
 class DevicePool:

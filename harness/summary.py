@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable
 from harness.kpi import INTERVALS_KEY, interval_of, kpi_value
 from harness.reasons import details
 from harness.reasons import headline as reason_headline
-from harness.session import StepRecord
+from harness.records import StepRecord
 
 EXIT_DEVICES_OUT = 6
 EXIT_INCONCLUSIVE = 7

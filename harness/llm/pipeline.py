@@ -22,7 +22,7 @@ from harness.steps.report import StepReport
 
 if TYPE_CHECKING:
     from harness.cache import ArtifactCache
-    from harness.pipeline import Target
+    from harness.target import Target
     from harness.runner.client import DeviceRunner
     from harness.validation import ValidationOptions
 

@@ -78,7 +78,7 @@ def _build_session(config: pytest.Config):
     from harness.cache import DEFAULT_CACHE_DIR, ArtifactCache
     from harness.devices import load_devices_file
     from harness.models import resolve_models
-    from harness.pipeline import Target
+    from harness.target import Target
     from harness.farm import DeviceLocks, FarmState
     from harness.session import DevicePool, HarnessSession
 
@@ -239,7 +239,7 @@ class _RecordCollector:
         self.session = session
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        from harness.session import StepRecord
+        from harness.records import StepRecord
 
         for name, value in report.user_properties:
             if name == RECORD_PROPERTY:

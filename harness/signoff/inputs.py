@@ -11,8 +11,8 @@ from typing import Any, Iterable
 
 from harness.allure_report import read_result_files, result_parameters, tool_versions
 from harness.errors import HarnessError
+from harness.records import OUTCOMES
 
-OUTCOMES = ("passed", "inconclusive", "failed", "error", "skipped")
 NOT_RUN = "not run"
 _ALLURE_STATUS = {"passed": "passed", "failed": "failed", "broken": "error", "skipped": "skipped"}
 _INCONCLUSIVE, _MARGINAL = "INCONCLUSIVE: ", "MARGINAL: "  # the status messages harness.reporting gives them

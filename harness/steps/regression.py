@@ -35,8 +35,8 @@ from harness.steps.report import StepReport
 if TYPE_CHECKING:
     from harness.cache import ArtifactCache
     from harness.latency_ab import Bench
-    from harness.pipeline import Target
-    from harness.session import StepRecord
+    from harness.records import StepRecord
+    from harness.target import Target
 
 WALL = "latency_ms.p50"  # the wall-time latency figure: simulator or device
 
