@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 from harness.errors import ConfigError, HarnessError
 from harness.farm import now_iso
 from harness.repeats import min_unpaired_p, paired, unpaired_p
-from harness.transports.base import sha256_file
+from harness.files import sha256_file
 
 if TYPE_CHECKING:
     from harness.cache import ArtifactCache

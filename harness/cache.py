@@ -15,7 +15,7 @@ from typing import Any, Callable
 from filelock import FileLock
 
 from harness.cache_check import damage, is_sealed, seal
-from harness.transports.base import sha256_file
+from harness.files import sha256_file
 
 logger = logging.getLogger(__name__)
 

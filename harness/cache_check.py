@@ -14,7 +14,7 @@ import json
 import os
 from pathlib import Path
 
-from harness.transports.base import sha256_file
+from harness.files import sha256_file
 
 MANIFEST = ".cache-manifest.json"
 FULL_CHECK_BYTES = 1 << 20  # files up to this size are hashed on every read

@@ -36,7 +36,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from harness.errors import ConfigError, HarnessError
-from harness.transports.base import sha256_file
+from harness.files import sha256_file
 
 DATA_VERSION = 1  # bump when the generators in harness.corpus_data change what they write
 CALIB_SAMPLES = 16

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import tempfile
@@ -48,3 +49,12 @@ def copy_atomically(src: Path, dst: Path) -> Path:
 def write_text_atomically(path: Path, text: str) -> Path:
     """Write UTF-8 text to path atomically; return path."""
     return write_atomically(path, text.encode("utf-8"))
+
+
+def sha256_file(path: Path) -> str:
+    """Return the hex SHA-256 of a local file."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

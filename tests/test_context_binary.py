@@ -30,7 +30,7 @@ def test_compile_writes_the_epcontext_wrapper_its_binary_and_a_sidecar(ctx, qdq)
     assert node.op_type == "EPContext" and attrs["embed_mode"] == 0 and attrs["ep_cache_context"] == b"model_ctx_qnn.bin"
     sidecar = json.loads((ctx.directory / "context.json").read_text())
     assert (sidecar["soc"], sidecar["htp_arch"], sidecar["soc_model"]) == ("sm8650", 75, 57)
-    from harness.transports.base import sha256_file
+    from harness.files import sha256_file
     assert sidecar["model_sha256"] == sha256_file(qdq)
     props = {p.key: p.value for p in wrapper.metadata_props}
     assert (props["harness.soc"], props["harness.htp_arch"], props["harness.soc_model"]) == ("sm8650", "75", "57")

@@ -24,8 +24,9 @@ import numpy as np
 
 from harness.data import Feed, feeds_digest
 from harness.errors import ContextMismatchError, DeviceLostError, DeviceTimeoutError, RunnerError, TransportError
+from harness.files import sha256_file
 from harness.runner.server_client import RunnerServer
-from harness.transports.base import CommandResult, Transport, sha256_file
+from harness.transports.base import CommandResult, Transport
 
 if TYPE_CHECKING:
     from harness.runner.qnn_net_run import QnnContextModel

@@ -25,7 +25,7 @@ from harness.errors import RunnerError, StepError
 from harness.kpi import Limit
 from harness.runner.client import CONTEXT_SIDECAR, ContextTarget, DeviceRunner, HtpRefusedError, RunResult
 from harness.steps.report import StepReport
-from harness.transports.base import sha256_file
+from harness.files import sha256_file
 
 CONTEXT_FORMAT = "harness-context-v1"
 CONTEXT_MODEL = "model_ctx.onnx"  # the QNN EP names the binary <stem>_qnn.bin beside it

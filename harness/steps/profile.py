@@ -38,7 +38,7 @@ from harness.repeats import summary
 from harness.runner.client import DeviceRunner, RunResult, latency_source
 from harness.steps.context_binary import ContextBinary
 from harness.steps.report import StepReport
-from harness.transports.base import sha256_file
+from harness.files import sha256_file
 
 PROFILE_ITERATIONS = 3  # executions recorded by the detailed-profiling run (medians are taken)
 TOP_OPS = 5

@@ -30,9 +30,9 @@ from typing import Iterator
 
 from harness.emulator.thermal import EmulatedSensors, ThermalParams
 from harness.errors import DeviceTimeoutError, TransportError
-from harness.files import copy_atomically
+from harness.files import copy_atomically, sha256_file
 from harness.shutdown import GROUPS, kill_group, run_in_group
-from harness.transports.base import CommandResult, RunnerStream, Transport, sha256_file
+from harness.transports.base import CommandResult, RunnerStream, Transport
 
 SYSFS_PREFIX = "/sys/"
 SYSTEM_BIN = "system/bin"
