@@ -1,4 +1,5 @@
-"""The onboarding pipeline for one device × model: artifacts built once, steps as plain calls.
+"""The single-graph onboarding pipeline (models of kind onnx) for one device × model: artifacts built once, steps
+as plain calls. Its sibling for language models is harness.llm.pipeline; both derive from harness.pipeline_base.
 
 Every artifact is memoised here (and content-addressed on disk by the steps), so each step
 can ask for what it needs without knowing whether another step already built it.
@@ -12,13 +13,10 @@ from pathlib import Path
 from harness import sizing
 from harness.cache import ArtifactCache
 from harness.data import Dataset, Feed, with_evaluation_count
-from harness.devices import DeviceSpec, SocSpec
 from harness.encodings import exported_encodings
 from harness.errors import HarnessError, StepError
-from harness.llm.pipeline import LlmOnboarding
-from harness.memo import memoized
 from harness.model_sources import dataset_for, source_model
-from harness.models import ModelSpec
+from harness.pipeline_base import PipelineBase, memoized
 from harness.runner.client import DeviceRunner
 from harness.steps import context_binary, conversion, feasibility, float_baseline, profile, ptq, runtime
 from harness.steps import error_isolation, mixed_precision, promotion, sweep
@@ -27,29 +25,21 @@ from harness.steps.context_binary import ContextBinary
 from harness.steps.inference import host_reference
 from harness.steps.report import StepReport
 from harness.target import Target
+from harness.validation import ValidationOptions
 
-class Onboarding(LlmOnboarding):
-    """Artifacts and step reports for one Target, computed on demand."""
+
+class Onboarding(PipelineBase):
+    """Artifacts and step reports of a single-graph model (kind onnx) for one Target, computed on demand."""
 
     def __init__(self, target: Target, runner: DeviceRunner, cache: ArtifactCache,
                  accuracy: "sweep.AccuracyOptions | None" = None,
-                 validation: "ValidationOptions | None" = None) -> None:
-        from harness.validation import ValidationOptions
-
-        self.target = target
-        self.runner = runner
-        self.cache = cache
+                 validation: ValidationOptions | None = None) -> None:
+        super().__init__(target, runner, cache, validation)
         self.accuracy = accuracy or sweep.AccuracyOptions()
-        self.validation = validation or ValidationOptions()
         self.recipe = ptq.QuantRecipe()
         if self.accuracy.encodings:  # --quantization-overrides: PTQ quantizes with the given encodings
             self.recipe = replace(self.recipe, encodings=self.accuracy.encodings,
                                   encodings_file=self.accuracy.encodings_file)
-        self._memo: dict[str, tuple[bool, object]] = {}
-
-    @property
-    def thresholds(self):
-        return self.target.model.thresholds
 
     @memoized
     def source_model(self) -> Path:
@@ -317,10 +307,9 @@ class Onboarding(LlmOnboarding):
     def profile(self, rule: "profile.MeasureRule", blocks: int = profile.PROFILE_BLOCKS) -> StepReport:
         """Step 5 report, measured under rule in `blocks` independent blocks (charts and the raw profile under
         the cache's runs/)."""
-        out_dir = self.cache.root / "runs" / self.target.id / "profile"
         return profile.profile(self.context_artifact(), self.deployable_model(), self.dataset().evaluation[0],
-                               self.runner, self.target.soc, self.thresholds, rule, out_dir,
-                               label=f"{self.target.device.id} x {self.target.model.name}",
+                               self.runner, self.target.soc, self.thresholds, rule, self._run_dir("profile"),
+                               label=self._label,
                                placement=self.context_binary().tables.get("placement"), blocks=blocks)
 
     @memoized
@@ -329,9 +318,6 @@ class Onboarding(LlmOnboarding):
         return runtime.runtime(self.context_artifact(), self.dataset().evaluation, self.runner)
 
     # ------------------------------------------------------------------ Step 7, validation
-
-    def _run_dir(self, step: str) -> Path:
-        return self.cache.root / "runs" / self.target.id / step
 
     @property
     def _label(self) -> str:

@@ -15,7 +15,9 @@ if TYPE_CHECKING:
 from harness.cache import ArtifactCache
 from harness.errors import DeviceLostError, DeviceQuarantinedError, HarnessError
 from harness.farm import now_iso
+from harness.llm.pipeline import LlmOnboarding
 from harness.devices import DevicesFile, DeviceSpec
+from harness.pipeline import Onboarding
 from harness.records import StepRecord
 from harness.runner.client import DeviceRunner
 from harness.target import Target
@@ -163,14 +165,14 @@ class HarnessSession:
     started_at: str = field(default_factory=now_iso)
     started_monotonic: float = field(default_factory=time.monotonic)
 
-    def onboarding(self, target: Target):  # type: ignore[no-untyped-def]
-        """Return the Onboarding pipeline of target (one per target in the session; connects the device)."""
-        from harness.pipeline import Onboarding
-
+    def onboarding(self, target: Target) -> Onboarding | LlmOnboarding:
+        """Return the pipeline of target, by its model's kind: LlmOnboarding for kind llm, else Onboarding (one
+        per target in the session; connects the device)."""
         if target.id not in self.onboardings:
             runner = self.pool.runner(target.device, self.devices)
-            self.onboardings[target.id] = Onboarding(target, runner, self.cache, accuracy=self.accuracy,
-                                                     validation=self.validation)
+            self.onboardings[target.id] = (
+                LlmOnboarding(target, runner, self.cache, validation=self.validation) if target.model.is_llm else
+                Onboarding(target, runner, self.cache, accuracy=self.accuracy, validation=self.validation))
         return self.onboardings[target.id]
 
     def write_kpi_json(self) -> None:

@@ -1,43 +1,30 @@
-"""The LLM path of the Onboarding pipeline (models of kind llm): the graph pair's artifacts and step reports.
+"""The LLM pipeline (models of kind llm): the graph pair's artifacts and step reports.
 
-A base class of harness.pipeline.Onboarding, so one pipeline serves both kinds: the same target, runner,
-cache, thresholds and memoisation; its methods are named llm_* / genie_* so they never meet Steps 1-7's.
+A sibling of harness.pipeline.Onboarding (the single-graph pipeline) on the same base (harness.pipeline_base:
+target, runner, cache, Step 7's options, memoisation); the session builds one or the other by the model's kind.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import onnx
 
 from harness.errors import ConfigError, StepError
 from harness.llm import calibration, convention, steps, text
 from harness.llm.steps import GRAPHS, Pair
-from harness.memo import memoized
 from harness.models import LlmFiles
+from harness.pipeline_base import PipelineBase, memoized
 from harness.steps import context_binary, conversion, feasibility
 from harness.steps.report import StepReport
-
-if TYPE_CHECKING:
-    from harness.cache import ArtifactCache
-    from harness.target import Target
-    from harness.runner.client import DeviceRunner
-    from harness.validation import ValidationOptions
 
 EVAL_WINDOWS = 48  # held-out windows of AR tokens scored for perplexity (~1,500 tokens for tiny_gpt)
 CALIBRATION_SEQUENCES = 8
 
 
-class LlmOnboarding:
+class LlmOnboarding(PipelineBase):
     """Artifacts and step reports of a kind-llm model for one target."""
-
-    target: "Target"
-    runner: "DeviceRunner"
-    cache: "ArtifactCache"
-    validation: "ValidationOptions"
-    _memo: dict
 
     def _require_llm(self) -> None:
         if not self.target.model.is_llm:

@@ -90,8 +90,9 @@ def concurrency(onboarding, context_binary, harness_session) -> Outcome:
     several (those whose context binary builds)."""
     context_binary.require()
     others = []
-    for target in harness_session.targets:
-        if target.device.id == onboarding.target.device.id and target.model.name != onboarding.target.model.name:
+    for target in harness_session.targets:  # a language model (kind llm) has no single context binary to run beside
+        if (target.device.id == onboarding.target.device.id and target.model.name != onboarding.target.model.name
+                and not target.model.is_llm):
             other = harness_session.onboarding(target)
             try:
                 other.context_artifact()
