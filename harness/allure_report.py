@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from harness.errors import HarnessError
+from harness.files import write_text_atomically
 
 REPO_CLI = Path(__file__).resolve().parent.parent / "tools" / "allure" / "node_modules" / ".bin" / "allure"
 GENERATE_TIMEOUT_S = 300
@@ -267,8 +268,6 @@ def write_allure_extras(results: Path, name: str = DEFAULT_NAME, versions: Mappi
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    from harness.files import write_text_atomically
-
     write_text_atomically(path, text)
 
 

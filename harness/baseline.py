@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from harness.errors import ConfigError, HarnessError
 from harness.farm import now_iso
+from harness.files import sha256_file, write_text_atomically
 from harness.repeats import min_unpaired_p, paired, unpaired_p
-from harness.files import sha256_file
 
 if TYPE_CHECKING:
     from harness.cache import ArtifactCache
@@ -131,8 +131,6 @@ def check_save_dir(root: Path) -> None:
 def save_baseline(root: Path, snap: Snapshot) -> Path:
     """Write snap to baseline_path(root, ...) atomically (a temporary file renamed into place); return the
     path. Raises BaselineError naming the file when it cannot be written."""
-    from harness.files import write_text_atomically
-
     path = baseline_path(root, snap.device, snap.model)
     try:  # an interrupted write leaves no temporary file
         write_text_atomically(path, json.dumps(snap.as_json(), indent=1, default=_json_default))

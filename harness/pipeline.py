@@ -19,7 +19,7 @@ from harness.model_sources import dataset_for, source_model
 from harness.pipeline_base import PipelineBase, memoized
 from harness.runner.client import DeviceRunner
 from harness.steps import context_binary, conversion, feasibility, float_baseline, profile, ptq, runtime
-from harness.steps import error_isolation, mixed_precision, promotion, sweep
+from harness.steps import aimet_recovery, error_isolation, mixed_precision, promotion, sweep
 from harness.steps import concurrency, energy, sustained, validation_accuracy
 from harness.steps.context_binary import ContextBinary
 from harness.steps.inference import host_reference
@@ -241,8 +241,6 @@ class Onboarding(PipelineBase):
     def aimet_skip_reason(self) -> str | None:
         """Why the AIMET step does not run (None: it runs): --aimet off, the aimet extra missing, or (in auto
         mode) PTQ or mixed precision already met the KPI."""
-        from harness.steps import aimet_recovery
-
         mode = aimet_recovery.aimet_mode(self.accuracy)
         reason = aimet_recovery.skip_reason(mode, self._earlier_recovery_met)
         if reason is None and mode == "auto" and self._search_undecidable():
@@ -270,8 +268,6 @@ class Onboarding(PipelineBase):
         """Step 3 stage 6 report: AIMET's BN folding, CLE, AdaRound and AMP from the recipe mixed precision
         reached, each technique's exported encodings imported as overrides and run on `htp`;
         artifacts['model'] is the last technique's model that met the KPI (else the best one)."""
-        from harness.steps import aimet_recovery
-
         if (reason := self.aimet_skip_reason()) is not None:
             raise StepError(f"the AIMET step did not run: {reason}")
         earlier = [("ptq", self.ptq().kpis, self.ptq().passed)]

@@ -7,16 +7,16 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from harness.farm import FarmState, Quarantine
-
+from harness.allure_report import tool_versions
 from harness.cache import ArtifactCache
-from harness.errors import DeviceLostError, DeviceQuarantinedError, HarnessError
-from harness.farm import now_iso
-from harness.llm.pipeline import LlmOnboarding
+from harness.cooldown import read_temps
 from harness.devices import DevicesFile, DeviceSpec
+from harness.errors import DeviceLostError, DeviceQuarantinedError, HarnessError
+from harness.farm import DEFAULT_MIN_FREE_MB, MAX_TRANSPORT_FAILURES, FarmState, Quarantine, check_health, now_iso
+from harness.files import write_text_atomically
+from harness.llm.pipeline import LlmOnboarding
 from harness.pipeline import Onboarding
 from harness.records import StepRecord
 from harness.runner.client import DeviceRunner
@@ -36,8 +36,6 @@ class DevicePool:
 
     def __init__(self, cache: ArtifactCache, keep_files: bool = False, farm: "FarmState | None" = None,
                  health_check: bool = True, min_free_mb: float | None = None) -> None:
-        from harness.farm import DEFAULT_MIN_FREE_MB, FarmState
-
         self._cache = cache
         self._keep = keep_files
         self.farm = farm or FarmState(None)
@@ -55,8 +53,6 @@ class DevicePool:
         Raises DeviceQuarantinedError for a quarantined device (an earlier run's, or a failed health check),
         DeviceLostError for a device taken out of the session, the connect error otherwise.
         """
-        from harness.farm import check_health
-
         if device.id in self.quarantines and device.id not in self._failed:
             raise DeviceQuarantinedError(f"device {device.id} is quarantined: {self.quarantines[device.id]}; "
                                          f"`--unquarantine {device.id}` puts it back", device=device.id)
@@ -72,8 +68,6 @@ class DevicePool:
                 raise
             runner = DeviceRunner(transport)
             if device.telemetry.enabled:  # the device's idle temperatures, before any work (cooldown's reference)
-                from harness.cooldown import read_temps
-
                 runner.idle_temps_c = read_temps(transport)
             self._runners[device.id] = runner
             if self.health_check:
@@ -104,8 +98,6 @@ class DevicePool:
     def note_step(self, device_id: str, transport_error: str | None) -> None:
         """Count a step test's transport error (None: the step ran without one); quarantine the device after
         MAX_TRANSPORT_FAILURES in a row."""
-        from harness.farm import MAX_TRANSPORT_FAILURES
-
         if transport_error is None:
             self._transport_failures[device_id] = 0
             return
@@ -179,7 +171,6 @@ class HarnessSession:
         """Write the records to --kpi-json atomically (no-op without the option)."""
         if self.kpi_json is None:
             return
-        from harness.files import write_text_atomically
 
         payload = {"records": [r.__dict__ for r in self.records], "devices": self.device_summary(),
                    "environment": environment(self.started_at, time.monotonic() - self.started_monotonic)}
@@ -202,8 +193,6 @@ class HarnessSession:
 def environment(started_at: str, duration_s: float) -> dict[str, Any]:
     """Return the versions a sign-off records (harness, onnxruntime, QNN EP and SDK, Python, platform) and the
     run's start time and duration."""
-    from harness.allure_report import tool_versions
-
     return {**tool_versions(), "started_at": started_at, "duration_s": round(duration_s, 1)}
 
 

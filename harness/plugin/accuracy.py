@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from harness.errors import HarnessError
-from harness.plugin import SESSION_KEY
+from harness.plugin import SESSION_KEY, _outcome
 
 SWEEP_MODES = ("off", "quick", "full")  # as harness.steps.sweep.SWEEP_MODES (not imported: heavy)
 AIMET_MODES = ("auto", "on", "off")  # as harness.steps.aimet_recovery.AIMET_MODES
@@ -57,8 +57,6 @@ def accuracy_options(pytestconfig: pytest.Config):
 @pytest.fixture(scope="session")
 def error_isolation(onboarding, ptq):
     """Step 3 stage 3 outcome (runs for every model; fails only when PTQ missed its KPI)."""
-    from harness.plugin import _outcome
-
     ptq.require_value()
     return _outcome("error_isolation", onboarding.error_isolation)
 
@@ -66,8 +64,6 @@ def error_isolation(onboarding, ptq):
 @pytest.fixture(scope="session")
 def sweep(onboarding, feasibility, conversion, accuracy_options):
     """Step 3 stage 4 outcome (skipped with --sweep off)."""
-    from harness.plugin import _outcome
-
     feasibility.require()
     conversion.require()
     if accuracy_options.sweep == "off":
@@ -78,8 +74,6 @@ def sweep(onboarding, feasibility, conversion, accuracy_options):
 @pytest.fixture(scope="session")
 def mixed_precision(onboarding, error_isolation, accuracy_options, request: pytest.FixtureRequest):
     """Step 3 stage 5 outcome (needs error isolation's ranking, and the sweep unless --sweep off)."""
-    from harness.plugin import _outcome
-
     error_isolation.require_value()
     if accuracy_options.sweep != "off":
         request.getfixturevalue("sweep").require_value()
@@ -90,8 +84,6 @@ def mixed_precision(onboarding, error_isolation, accuracy_options, request: pyte
 def aimet(onboarding, ptq):
     """Step 3 stage 6 outcome: AIMET recovery after mixed precision; skipped saying why when --aimet off, when
     the aimet extra is not installed, or (auto) when PTQ or mixed precision met the KPI."""
-    from harness.plugin import _outcome
-
     ptq.require_value()
     reason = onboarding.aimet_skip_reason()
     if reason is not None:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from harness.allure_report import tool_versions
 from harness.errors import HarnessError
+from harness.files import write_text_atomically
 from harness.signoff.inputs import RunSet, SignoffInputError, load_runs
 from harness.signoff.page import PageContext, render_page
 from harness.signoff.verdict import ReleaseVerdict, decide
@@ -64,8 +65,6 @@ def build_signoff(results: list[Path], out: Path, title: str = DEFAULT_TITLE, ex
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    from harness.files import write_text_atomically
-
     write_text_atomically(path, text)
 
 

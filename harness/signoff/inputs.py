@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from harness.allure_report import read_result_files, result_parameters, tool_versions
+from harness.devices import builtin_catalog_data
 from harness.errors import HarnessError
 from harness.records import OUTCOMES
 
@@ -403,8 +404,6 @@ def _run_times(results: Iterable[dict[str, Any]]) -> dict[str, Any]:
 def _catalog_names() -> dict[str, str]:
     """Return the marketing name of each SoC of the packaged catalog (sm8650 -> Snapdragon 8 Gen 3)."""
     try:
-        from harness.devices import builtin_catalog_data
-
         return {soc: str(spec.get("name")) for soc, spec in builtin_catalog_data().items()
                 if isinstance(spec, dict) and spec.get("name")}
     except (HarnessError, OSError, ImportError):

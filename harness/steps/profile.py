@@ -27,10 +27,12 @@ from typing import Sequence
 
 import numpy as np
 
+from harness import charts
 from harness.data import Feed
 from harness.devices import SocSpec
 from harness.errors import StepError
 from harness.estimate import estimate_latency, graph_cost
+from harness.files import sha256_file
 from harness.kpi import INTERVALS_KEY, Limit
 from harness.models import Thresholds
 from harness.profiling import QnnProfile, median_execute, op_table, parse_profile_csv
@@ -38,7 +40,6 @@ from harness.repeats import summary
 from harness.runner.client import DeviceRunner, RunResult, latency_source
 from harness.steps.context_binary import ContextBinary
 from harness.steps.report import StepReport
-from harness.files import sha256_file
 
 PROFILE_ITERATIONS = 3  # executions recorded by the detailed-profiling run (medians are taken)
 TOP_OPS = 5
@@ -247,8 +248,6 @@ def profile(ctx: ContextBinary, qdq_model: Path, feed: Feed, runner: DeviceRunne
     Writes a latency histogram, a per-op bar chart and the raw QNN profile CSV into out_dir and
     lists them in the report's artifacts.
     """
-    from harness import charts
-
     out_dir.mkdir(parents=True, exist_ok=True)
     timed = measure_blocks(runner, ctx.model, feed, rule, blocks)
     rule, sized_why = timed.rule, timed.sized_why

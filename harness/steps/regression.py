@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from harness.baseline import (VERDICTS, BaselineError, Evidence, KpiVerdict, Snapshot, compare_blocks,
+from harness.baseline import (VERDICTS, BaselineError, Evidence, KpiVerdict, Snapshot, _fmt, compare_blocks,
                               compare_higher, compare_lower, compare_outcome, compare_paired, load_baseline,
                               model_sha256, snapshot)
 from harness.errors import ContextMismatchError, RunnerError
@@ -192,7 +192,6 @@ def _comparable(baseline: Snapshot, current: Snapshot) -> bool:
 
 def _ab(bench: "Bench", artifact: Path, candidate: Path, c_kpis: dict[str, Any], rule: KpiRule, base: Evidence,
         cur: Evidence, thresholds: Thresholds) -> KpiVerdict:
-    from harness.baseline import _fmt
     from harness.latency_ab import AB_MAX_PAIRS, interleaved
     from harness.steps.profile import MeasureRule
 

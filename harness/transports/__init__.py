@@ -4,17 +4,20 @@ factory that picks one by the device entry's kind (transports.base is their inte
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from harness.devices import DeviceSpec, SocSpec
 from harness.errors import ConfigError
 from harness.soc_detect import verify_soc
 from harness.transports.base import CommandResult, PushResult, Transport
 from harness.transports.emulator import EmulatorTransport
 
+if TYPE_CHECKING:
+    from harness.devices import DeviceSpec, SocSpec
+
 __all__ = ["CommandResult", "PushResult", "Transport", "open_transport"]
 
 
-def open_transport(device: DeviceSpec, soc: SocSpec, sandbox_root: Path, *, detect_soc: bool = True) -> Transport:
+def open_transport(device: "DeviceSpec", soc: "SocSpec", sandbox_root: Path, *, detect_soc: bool = True) -> Transport:
     """Return a connected transport for a device entry, its SoC checked against what the device reports.
 
     Raises SocMismatchError when the device reports another SoC than devices.yaml says, ConfigError
