@@ -45,8 +45,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 ]
 
 # Imports that stay inside a function body, and why: each defers a heavy third-party library (onnx, onnxruntime,
-# paramiko, adbutils, tokenizers) that the importing module does not load otherwise, or a file only some runs
-# have. Any other import belongs at module level. The pytest plugin's hooks and fixtures keep theirs
+# paramiko, adbutils, tokenizers) that the importing module does not load otherwise, or lets the emulated device
+# run without the SoC catalog. Any other import belongs at module level. The pytest plugin's hooks and fixtures keep theirs
 # (STYLE.md 8: pytest loads the plugin for every run, options and --help included).
 LAZY_IMPORTERS = {"harness.plugin": "the pytest plugin: heavy imports inside hooks and fixtures (STYLE.md 8)"}
 LAZY: dict[tuple[str, str], str] = {
