@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from harness import allure_report, corpus, profile_view, signoff
+
 
 def main(argv: list[str] | None = None) -> int:
     """Dispatch to a sub-command; return its exit code."""
-    from harness import allure_report, corpus, profile_view, signoff
-
     parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     profile_view.add_parser(sub)

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from harness.clock import now_iso
 from harness.errors import ConfigError, HarnessError
-from harness.files import sha256_file
+from harness.files import sha256_file, write_text_atomically
 from harness.json_values import json_default
 from harness.repeats import min_unpaired_p, paired, unpaired_p
 from harness.versions import harness_version
@@ -39,8 +39,8 @@ from harness.versions import harness_version
 if TYPE_CHECKING:
     from harness.cache import ArtifactCache
     from harness.models import ModelSpec
-    from harness.pipeline import Target
-    from harness.session import StepRecord
+    from harness.records import StepRecord
+    from harness.target import Target
 
 FORMAT = 2
 READ_FORMATS = (1, 2)  # format 1: an older harness's baseline, without latency blocks or artifact
@@ -133,8 +133,6 @@ def check_save_dir(root: Path) -> None:
 def save_baseline(root: Path, snap: Snapshot) -> Path:
     """Write snap to baseline_path(root, ...) atomically (a temporary file renamed into place); return the
     path. Raises BaselineError naming the file when it cannot be written."""
-    from harness.files import write_text_atomically
-
     path = baseline_path(root, snap.device, snap.model)
     try:  # an interrupted write leaves no temporary file
         write_text_atomically(path, json.dumps(snap.as_json(), indent=1, default=json_default))

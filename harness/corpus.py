@@ -35,6 +35,8 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from harness.cache import DEFAULT_CACHE_DIR
+from harness.corpus_data import GENERATORS, DataRequest
 from harness.errors import ConfigError, HarnessError
 from harness.files import sha256_file, write_atomically
 
@@ -117,8 +119,6 @@ def load_manifest() -> Manifest:
 
 def default_dir() -> Path:
     """Return the default corpus directory: $HARNESS_CACHE_DIR/real-models or ~/.cache/snapdragon-harness/real-models."""
-    from harness.cache import DEFAULT_CACHE_DIR
-
     return Path(os.environ.get("HARNESS_CACHE_DIR") or DEFAULT_CACHE_DIR).expanduser() / "real-models"
 
 
@@ -202,8 +202,6 @@ def _calib_marker(name: str, entry: ModelEntry) -> str:
 def write_calibration(name: str, entry: ModelEntry, root: Path, models: dict[str, Path]) -> bool:
     """Write calib/<name>/ (samples as .npz and description.txt) unless a complete, current copy is
     there; return True when it wrote it."""
-    from harness.corpus_data import GENERATORS, DataRequest
-
     directory = root / "calib" / name
     marker = _calib_marker(name, entry)
     if (directory / ".complete").is_file() and (directory / ".complete").read_text() == marker:

@@ -27,7 +27,9 @@ from typing import TYPE_CHECKING
 from filelock import FileLock, Timeout
 
 from harness.clock import utc_now
+from harness.cooldown import read_temps
 from harness.errors import ConfigError, HarnessError, TransportError
+from harness.files import write_text_atomically
 
 if TYPE_CHECKING:
     from harness.runner.client import DeviceRunner
@@ -107,8 +109,6 @@ class FarmState:
         return data
 
     def _write(self, data: dict) -> None:
-        from harness.files import write_text_atomically
-
         assert self.path is not None
         write_text_atomically(self.path, json.dumps(data, indent=2, sort_keys=True))
 
@@ -265,8 +265,6 @@ def _runner_starts(runner: "DeviceRunner") -> Check:
 
 
 def _thermal(transport) -> Check:  # type: ignore[no-untyped-def]
-    from harness.cooldown import read_temps
-
     if transport.platform == "android":
         try:
             out = transport.read_command(["dumpsys", "thermalservice"], timeout_s=30.0).stdout

@@ -15,6 +15,8 @@ from typing import Any, Callable
 from harness.baseline import KpiVerdict
 from harness.data import Feed
 from harness.runner.client import CONTEXT_SIDECAR, DeviceRunner
+from harness.steps.context_binary import ContextBinary
+from harness.steps.profile import context_sha256, measure_latency
 
 AB_PAIRS = 5
 AB_MORE = 5
@@ -34,9 +36,6 @@ class Bench:
 def cached_artifact(kpis: dict[str, Any], cache_root: Path) -> tuple[Path | None, str]:
     """Return the context binary a profile step's KPIs name (artifact_path) when it is under cache_root with
     the recorded artifact_sha256, else None and why not."""
-    from harness.steps.context_binary import ContextBinary
-    from harness.steps.profile import context_sha256
-
     path, sha = kpis.get("artifact_path"), kpis.get("artifact_sha256")
     if not isinstance(path, str) or not isinstance(sha, str):
         return None, "the baseline does not name the artifact it measured (a baseline from an older harness)"
@@ -63,8 +62,6 @@ def interleaved(bench: Bench, baseline: Path, current: Path, block: Any,
     """Run interleaved blocks of baseline and current (block: a profile MeasureRule) and return decide's
     verdict: decide(baseline medians, current medians, final) returns None while undecided, and must decide
     when final (AB_MAX_PAIRS pairs measured)."""
-    from harness.steps.profile import measure_latency
-
     feed = bench.feed()
     a_ms: list[float] = []
     b_ms: list[float] = []

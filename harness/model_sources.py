@@ -10,7 +10,9 @@ import onnx
 
 from harness.cache import ArtifactCache
 from harness.data import Dataset, input_infos, random_dataset, user_dataset
+from harness.llm.export import export_pair
 from harness.models import LlmFiles, ModelSpec
+from harness.zoo import digits_cnn, digits_imbalanced
 
 ZOO_SEED = 0
 
@@ -25,8 +27,6 @@ def source_model(spec: ModelSpec, cache: ArtifactCache) -> Path:
 def _zoo_entry(spec: ModelSpec, cache: ArtifactCache) -> Path:
     """Return the cache directory holding the zoo model and its data splits (built on first use)."""
     def build(out: Path) -> None:
-        from harness.zoo import digits_cnn, digits_imbalanced
-
         builder = digits_imbalanced if spec.name == digits_imbalanced.NAME else digits_cnn  # same data and labels
         builder.build_model(out / "model.onnx", seed=ZOO_SEED)
         _, calib, evaluation = digits_cnn.load_splits(seed=ZOO_SEED)
@@ -43,7 +43,6 @@ def llm_files(spec: ModelSpec, cache: ArtifactCache) -> LlmFiles:
         return spec.llm
 
     def build(out: Path) -> None:
-        from harness.llm.export import export_pair
         from harness.zoo import tiny_gpt
 
         tiny_gpt.build_bundle(out, seed=ZOO_SEED)

@@ -1,4 +1,5 @@
-"""The onboarding pipeline for one device × model: artifacts built once, steps as plain calls.
+"""The single-graph onboarding pipeline (models of kind onnx) for one device × model: artifacts built once, steps
+as plain calls. Its sibling for language models is harness.llm.pipeline; both derive from harness.pipeline_base.
 
 Every artifact is memoised here (and content-addressed on disk by the steps), so each step
 can ask for what it needs without knowing whether another step already built it.
@@ -6,63 +7,39 @@ can ask for what it needs without knowing whether another step already built it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from harness import sizing
 from harness.cache import ArtifactCache
 from harness.data import Dataset, Feed, with_evaluation_count
-from harness.devices import DeviceSpec, SocSpec
 from harness.encodings import exported_encodings
 from harness.errors import HarnessError, StepError
-from harness.llm.pipeline import LlmOnboarding
-from harness.memo import memoized
 from harness.model_sources import dataset_for, source_model
-from harness.models import ModelSpec
+from harness.pipeline_base import PipelineBase, memoized
 from harness.runner.client import DeviceRunner
 from harness.steps import context_binary, conversion, feasibility, float_baseline, profile, ptq, runtime
-from harness.steps import error_isolation, mixed_precision, promotion, sweep
+from harness.steps import aimet_recovery, error_isolation, mixed_precision, promotion, sweep
 from harness.steps import concurrency, energy, sustained, validation_accuracy
 from harness.steps.context_binary import ContextBinary
 from harness.steps.inference import host_reference
 from harness.steps.report import StepReport
-
-@dataclass(frozen=True)
-class Target:
-    """One device × model combination under test."""
-
-    device: DeviceSpec
-    soc: SocSpec
-    model: ModelSpec
-
-    @property
-    def id(self) -> str:
-        """A readable test id, e.g. 'sm8650-emu-digits_cnn'."""
-        return f"{self.device.id}-{self.model.name}"
+from harness.target import Target
+from harness.validation import ValidationOptions
 
 
-class Onboarding(LlmOnboarding):
-    """Artifacts and step reports for one Target, computed on demand."""
+class Onboarding(PipelineBase):
+    """Artifacts and step reports of a single-graph model (kind onnx) for one Target, computed on demand."""
 
     def __init__(self, target: Target, runner: DeviceRunner, cache: ArtifactCache,
                  accuracy: "sweep.AccuracyOptions | None" = None,
-                 validation: "ValidationOptions | None" = None) -> None:
-        from harness.validation import ValidationOptions
-
-        self.target = target
-        self.runner = runner
-        self.cache = cache
+                 validation: ValidationOptions | None = None) -> None:
+        super().__init__(target, runner, cache, validation)
         self.accuracy = accuracy or sweep.AccuracyOptions()
-        self.validation = validation or ValidationOptions()
         self.recipe = ptq.QuantRecipe()
         if self.accuracy.encodings:  # --quantization-overrides: PTQ quantizes with the given encodings
             self.recipe = replace(self.recipe, encodings=self.accuracy.encodings,
                                   encodings_file=self.accuracy.encodings_file)
-        self._memo: dict[str, tuple[bool, object]] = {}
-
-    @property
-    def thresholds(self):
-        return self.target.model.thresholds
 
     @memoized
     def source_model(self) -> Path:
@@ -264,8 +241,6 @@ class Onboarding(LlmOnboarding):
     def aimet_skip_reason(self) -> str | None:
         """Why the AIMET step does not run (None: it runs): --aimet off, the aimet extra missing, or (in auto
         mode) PTQ or mixed precision already met the KPI."""
-        from harness.steps import aimet_recovery
-
         mode = aimet_recovery.aimet_mode(self.accuracy)
         reason = aimet_recovery.skip_reason(mode, self._earlier_recovery_met)
         if reason is None and mode == "auto" and self._search_undecidable():
@@ -293,8 +268,6 @@ class Onboarding(LlmOnboarding):
         """Step 3 stage 6 report: AIMET's BN folding, CLE, AdaRound and AMP from the recipe mixed precision
         reached, each technique's exported encodings imported as overrides and run on `htp`;
         artifacts['model'] is the last technique's model that met the KPI (else the best one)."""
-        from harness.steps import aimet_recovery
-
         if (reason := self.aimet_skip_reason()) is not None:
             raise StepError(f"the AIMET step did not run: {reason}")
         earlier = [("ptq", self.ptq().kpis, self.ptq().passed)]
@@ -330,10 +303,9 @@ class Onboarding(LlmOnboarding):
     def profile(self, rule: "profile.MeasureRule", blocks: int = profile.PROFILE_BLOCKS) -> StepReport:
         """Step 5 report, measured under rule in `blocks` independent blocks (charts and the raw profile under
         the cache's runs/)."""
-        out_dir = self.cache.root / "runs" / self.target.id / "profile"
         return profile.profile(self.context_artifact(), self.deployable_model(), self.dataset().evaluation[0],
-                               self.runner, self.target.soc, self.thresholds, rule, out_dir,
-                               label=f"{self.target.device.id} x {self.target.model.name}",
+                               self.runner, self.target.soc, self.thresholds, rule, self._run_dir("profile"),
+                               label=self._label,
                                placement=self.context_binary().tables.get("placement"), blocks=blocks)
 
     @memoized
@@ -342,9 +314,6 @@ class Onboarding(LlmOnboarding):
         return runtime.runtime(self.context_artifact(), self.dataset().evaluation, self.runner)
 
     # ------------------------------------------------------------------ Step 7, validation
-
-    def _run_dir(self, step: str) -> Path:
-        return self.cache.root / "runs" / self.target.id / step
 
     @property
     def _label(self) -> str:

@@ -13,6 +13,8 @@ from typing import Protocol, Sequence
 
 import onnx
 
+from harness.qnn_ops import walk_nodes
+
 QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 
 
@@ -40,8 +42,6 @@ def boundary_qdq(model: onnx.ModelProto) -> set[str]:
 
 def subgraph_node_names(model: onnx.ModelProto) -> set[str]:
     """Return the names of the nodes inside the model's subgraphs (If/Loop/Scan bodies)."""
-    from harness.qnn_ops import walk_nodes
-
     return {n.node for n in walk_nodes(model.graph) if n.graph}
 
 

@@ -12,6 +12,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from harness.errors import HarnessError
+from harness.models import load_onnx
 from harness.profiling import QNN_INTERNAL, OpRow, QnnProfile, median_execute, op_table, parse_profile_csv
 
 
@@ -61,14 +63,10 @@ def render(profile: QnnProfile, rows: list[OpRow], top: int | None = None) -> st
 
 def main(args: argparse.Namespace) -> int:
     """Print the table for args.file; return the exit code (2 on bad input)."""
-    from harness.errors import HarnessError
-
     try:
         profile = parse_profile_csv(args.file)
         op_types = None
         if args.model is not None:
-            from harness.models import load_onnx
-
             op_types = {n.name: n.op_type for n in load_onnx(args.model).graph.node if n.name}
         rows = op_table(profile, op_types)
     except HarnessError as e:

@@ -7,43 +7,24 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from harness.farm import FarmState, Quarantine
+from typing import Any
 
 from harness.cache import ArtifactCache
 from harness.clock import now_iso
-from harness.errors import DeviceLostError, DeviceQuarantinedError, HarnessError
-from harness.json_values import json_default
+from harness.cooldown import read_temps
 from harness.devices import DevicesFile, DeviceSpec
-from harness.pipeline import Target
+from harness.errors import DeviceLostError, DeviceQuarantinedError, HarnessError
+from harness.farm import DEFAULT_MIN_FREE_MB, MAX_TRANSPORT_FAILURES, FarmState, Quarantine, check_health
+from harness.json_values import json_default
+from harness.files import write_text_atomically
+from harness.llm.pipeline import LlmOnboarding
+from harness.pipeline import Onboarding
+from harness.records import StepRecord
 from harness.runner.client import DeviceRunner
+from harness.target import Target
 from harness.transports import Transport, open_transport
 from harness.transports.emulator import emulator_root
 from harness.versions import tool_versions
-
-
-OUTCOMES = ("passed", "inconclusive", "failed", "error", "skipped")
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    """One line of --kpi-json: a step's outcome and KPIs for one device × model.
-
-    outcome is one of OUTCOMES: `inconclusive` when no limit failed but the evidence could not decide one
-    (the message says which and how many more samples are needed). message's first line is its headline
-    (under 200 characters), the details below it. marginal: the verdicts of limits passed close to a bound.
-    KPIs measured on samples carry their confidence intervals under kpis["intervals"] (harness.kpi)."""
-
-    device: str
-    soc: str
-    model: str
-    step: str
-    outcome: str
-    kpis: dict[str, Any]
-    message: str = ""
-    marginal: list[str] = field(default_factory=list)
 
 
 class DevicePool:
@@ -58,8 +39,6 @@ class DevicePool:
 
     def __init__(self, cache: ArtifactCache, keep_files: bool = False, farm: "FarmState | None" = None,
                  health_check: bool = True, min_free_mb: float | None = None) -> None:
-        from harness.farm import DEFAULT_MIN_FREE_MB, FarmState
-
         self._cache = cache
         self._keep = keep_files
         self.farm = farm or FarmState(None)
@@ -77,8 +56,6 @@ class DevicePool:
         Raises DeviceQuarantinedError for a quarantined device (an earlier run's, or a failed health check),
         DeviceLostError for a device taken out of the session, the connect error otherwise.
         """
-        from harness.farm import check_health
-
         if device.id in self.quarantines and device.id not in self._failed:
             raise DeviceQuarantinedError(f"device {device.id} is quarantined: {self.quarantines[device.id]}; "
                                          f"`--unquarantine {device.id}` puts it back", device=device.id)
@@ -94,8 +71,6 @@ class DevicePool:
                 raise
             runner = DeviceRunner(transport)
             if device.telemetry.enabled:  # the device's idle temperatures, before any work (cooldown's reference)
-                from harness.cooldown import read_temps
-
                 runner.idle_temps_c = read_temps(transport)
             self._runners[device.id] = runner
             if self.health_check:
@@ -126,8 +101,6 @@ class DevicePool:
     def note_step(self, device_id: str, transport_error: str | None) -> None:
         """Count a step test's transport error (None: the step ran without one); quarantine the device after
         MAX_TRANSPORT_FAILURES in a row."""
-        from harness.farm import MAX_TRANSPORT_FAILURES
-
         if transport_error is None:
             self._transport_failures[device_id] = 0
             return
@@ -187,21 +160,20 @@ class HarnessSession:
     started_at: str = field(default_factory=now_iso)
     started_monotonic: float = field(default_factory=time.monotonic)
 
-    def onboarding(self, target: Target):  # type: ignore[no-untyped-def]
-        """Return the Onboarding pipeline of target (one per target in the session; connects the device)."""
-        from harness.pipeline import Onboarding
-
+    def onboarding(self, target: Target) -> Onboarding | LlmOnboarding:
+        """Return the pipeline of target, by its model's kind: LlmOnboarding for kind llm, else Onboarding (one
+        per target in the session; connects the device)."""
         if target.id not in self.onboardings:
             runner = self.pool.runner(target.device, self.devices)
-            self.onboardings[target.id] = Onboarding(target, runner, self.cache, accuracy=self.accuracy,
-                                                     validation=self.validation)
+            self.onboardings[target.id] = (
+                LlmOnboarding(target, runner, self.cache, validation=self.validation) if target.model.is_llm else
+                Onboarding(target, runner, self.cache, accuracy=self.accuracy, validation=self.validation))
         return self.onboardings[target.id]
 
     def write_kpi_json(self) -> None:
         """Write the records to --kpi-json atomically (no-op without the option)."""
         if self.kpi_json is None:
             return
-        from harness.files import write_text_atomically
 
         payload = {"records": [r.__dict__ for r in self.records], "devices": self.device_summary(),
                    "environment": environment(self.started_at, time.monotonic() - self.started_monotonic)}

@@ -30,6 +30,7 @@ from harness.data import Feed, feeds_digest
 from harness.errors import ConfigError
 from harness.runner.client import DeviceRunner
 from harness.runner.device_runner import RUNNER_VERSION
+from harness.stats import resolvable_drop
 
 EVAL_BUDGET_ENV = "HARNESS_EVAL_BUDGET_S"
 VALIDATION_BUDGET_ENV = "HARNESS_VALIDATION_BUDGET_S"
@@ -101,8 +102,6 @@ def evaluation_count(cost_s: float, available: int, budget_s: float = EVAL_BUDGE
 
 def count_reason(cost: InferenceCost, device_id: str, count: int, budget_s: float = EVAL_BUDGET_S) -> str:
     """Return the sentence the data set's description carries about its evaluation count and what it resolves."""
-    from harness.stats import resolvable_drop
-
     source = next((f" (set by {name})" for name, value in BUDGETS_FROM_ENV.items() if value == budget_s), "")
     return (f"one HTP inference of the 8-bit model took {cost.inference_s:.3g} s on {device_id} "
             f"({cost.latency_source}); {count} fit the evaluation budget of {budget_s:g} s per pass{source}, "

@@ -17,6 +17,7 @@ from typing import Any
 
 from harness.errors import StepError
 from harness.runner.client import RunResult
+from harness.steps.profile import latency_stats
 from harness.telemetry import (Sample, TripPoint, parse_battery_status, parse_sample, parse_trips, samples_csv,
                                zone_kind)
 
@@ -67,7 +68,6 @@ class SoakRun:
         """Return the soak's latency statistics (the `latency_ms` KPI: min, p50, p90, p99, max, mean, std)."""
         if self.emulated_summary is not None:
             return {k: self.emulated_summary.get(f"{k}_ms") for k in ("min", "p50", "p90", "p99", "max", "mean", "std")}
-        from harness.steps.profile import latency_stats
 
         return latency_stats(self.iteration_s).as_dict()
 

@@ -10,14 +10,11 @@ bootstrap over samples with a fixed seed, so a verdict is reproducible for the s
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
-from harness.kpi import Interval
-
-if TYPE_CHECKING:
-    from harness.kpi import Limit
+from harness.kpi import INTERVALS_KEY, Interval, Limit, check_all
 
 CONFIDENCE = 0.95
 BOOTSTRAP_RESAMPLES = 1000
@@ -169,8 +166,6 @@ def with_needed(interval: Interval, value: float, minimum: float | None, maximum
 def unresolved(kpis: dict, limits: "list[Limit]") -> list[str]:
     """Return one sentence per limit its KPI's interval straddles, saying how many samples could not resolve it
     and about how many would (kpis["intervals"] gets `needed` set for those KPIs)."""
-    from harness.kpi import INTERVALS_KEY, check_all
-
     sentences = []
     for verdict in check_all(kpis, limits):
         if not verdict.inconclusive or verdict.interval is None:

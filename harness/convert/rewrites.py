@@ -23,6 +23,7 @@ import numpy as np
 import onnx
 
 from harness.convert import copy_model
+from harness.convert.opset import opset_of
 from harness.errors import ConfigError
 
 FLOAT_MAX = float(np.finfo(np.float32).max)
@@ -165,8 +166,6 @@ def _erf_gelu_sites(model: onnx.ModelProto) -> list[str]:
 
 def _erf_gelu_to_gelu(model: onnx.ModelProto, erf_name: str) -> tuple[onnx.ModelProto, str]:
     """The Erf-written GELU around node erf_name -> one Gelu (ai.onnx Gelu from opset 20, else com.microsoft)."""
-    from harness.convert.opset import opset_of
-
     gelu = _erf_gelus(model)[erf_name]
     result = copy_model(model)
     domain = "" if opset_of(result) >= 20 else "com.microsoft"

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from harness.estimate import GraphCost, estimate_latency, graph_cost
+from harness.files import write_text_atomically
 
 DISPATCH_MS = 0.1
 CONTEXT_SWITCH_MS = 0.01
@@ -56,7 +57,6 @@ def record_graph_cost(directory: Path, source_model: Path) -> None:
     path = Path(directory) / GRAPH_COST_FILE
     if path.is_file():
         return
-    from harness.files import write_text_atomically
 
     cost = graph_cost(Path(source_model))
     write_text_atomically(path, json.dumps({"source_model": Path(source_model).name, **asdict(cost)}, indent=1) + "\n")

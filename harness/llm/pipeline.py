@@ -1,43 +1,34 @@
-"""The LLM path of the Onboarding pipeline (models of kind llm): the graph pair's artifacts and step reports.
+"""The LLM pipeline (models of kind llm): the graph pair's artifacts and step reports.
 
-A base class of harness.pipeline.Onboarding, so one pipeline serves both kinds: the same target, runner,
-cache, thresholds and memoisation; its methods are named llm_* / genie_* so they never meet Steps 1-7's.
+A sibling of harness.pipeline.Onboarding (the single-graph pipeline) on the same base (harness.pipeline_base:
+target, runner, cache, Step 7's options, memoisation); the session builds one or the other by the model's kind.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import onnx
 
+from harness import model_sources
+from harness.cache import content_key
 from harness.errors import ConfigError, StepError
-from harness.llm import calibration, convention, steps, text
+from harness.llm import calibration, convention, genie_steps, steps, text
+from harness.llm.device import FloatJudge
+from harness.llm.genie_config import write_bundle
 from harness.llm.steps import GRAPHS, Pair
-from harness.memo import memoized
 from harness.models import LlmFiles
-from harness.steps import context_binary, conversion, feasibility
+from harness.pipeline_base import PipelineBase, memoized
+from harness.steps import context_binary, conversion, feasibility, ptq
 from harness.steps.report import StepReport
-
-if TYPE_CHECKING:
-    from harness.cache import ArtifactCache
-    from harness.pipeline import Target
-    from harness.runner.client import DeviceRunner
-    from harness.validation import ValidationOptions
 
 EVAL_WINDOWS = 48  # held-out windows of AR tokens scored for perplexity (~1,500 tokens for tiny_gpt)
 CALIBRATION_SEQUENCES = 8
 
 
-class LlmOnboarding:
+class LlmOnboarding(PipelineBase):
     """Artifacts and step reports of a kind-llm model for one target."""
-
-    target: "Target"
-    runner: "DeviceRunner"
-    cache: "ArtifactCache"
-    validation: "ValidationOptions"
-    _memo: dict
 
     def _require_llm(self) -> None:
         if not self.target.model.is_llm:
@@ -47,10 +38,8 @@ class LlmOnboarding:
     @memoized
     def llm_files(self) -> LlmFiles:
         """The model's files (the built-in model trained, exported and cached on first use)."""
-        from harness.model_sources import llm_files
-
         self._require_llm()
-        return llm_files(self.target.model, self.cache)
+        return model_sources.llm_files(self.target.model, self.cache)
 
     @memoized
     def llm_source_pair(self) -> convention.PairInfo:
@@ -107,8 +96,6 @@ class LlmOnboarding:
 
     def llm_quantized(self, recipe: str) -> Pair:
         """The pair quantized with `recipe` (w8a16, w8a8, w4a16) and the encodings both graphs share."""
-        from harness.steps import ptq
-
         key = f"llm_quantized_{recipe}"
         if key not in self._memo:
             cal, floats = self.llm_calibration(), self.llm_float_pair()
@@ -170,9 +157,6 @@ class LlmOnboarding:
     @memoized
     def llm_genie_bundle(self) -> Path:
         """The Genie bundle for the target's SoC (genie_config.json, HTP extensions, both .bin, tokenizer), cached."""
-        from harness.cache import content_key
-        from harness.llm.genie_config import write_bundle
-
         binaries, files, pair = self.llm_context_binaries(), self.llm_files(), self.llm_pair()
         bins = [next(p for p in binaries[g].files if p.suffix == ".bin") for g in GRAPHS]
         stop = text.stop_id(files, self.llm_tokenizer())
@@ -187,31 +171,26 @@ class LlmOnboarding:
     @memoized
     def genie_runtime(self) -> StepReport:
         """LLM Step 5: Genie dialogs on the device over the prompts, with Genie's own profile."""
-        from harness.llm.device import FloatJudge
-        from harness.llm.genie_steps import genie_runtime, push_bundle
-
         bundle, files, pair = self.llm_genie_bundle(), self.llm_files(), self.llm_pair()
-        device = push_bundle(self.runner, bundle, bundle.name)
+        device = genie_steps.push_bundle(self.runner, bundle, bundle.name)
         floats = self.llm_float_pair()
         judge = FloatJudge(floats.prefill, floats.decode, self.target.model.thresholds.greedy_tie_margin)
         prompts = self.llm_prompts()
         reference = self.llm_accuracy().kpis["float_generations"]
-        return genie_runtime(self.runner, device, prompts, files.max_new_tokens, judge, reference,
-                             self.llm_tokenizer(), pair.context_length, self.target.model.thresholds,
-                             self._run_dir("genie_runtime"))
+        return genie_steps.genie_runtime(self.runner, device, prompts, files.max_new_tokens, judge, reference,
+                                         self.llm_tokenizer(), pair.context_length, self.target.model.thresholds,
+                                         self._run_dir("genie_runtime"))
 
     @memoized
     def genie_stress(self) -> StepReport:
         """LLM Step 7: the Genie stress run (dialogs in sequence and concurrently, each filling the context)."""
-        from harness.llm.genie_steps import genie_stress, push_bundle, stress_prompts
-
         bundle, files, pair = self.llm_genie_bundle(), self.llm_files(), self.llm_pair()
-        device = push_bundle(self.runner, bundle, bundle.name)
+        device = genie_steps.push_bundle(self.runner, bundle, bundle.name)
         ids = text.token_ids(self.llm_tokenizer(), text.read_text(files.eval_text, "eval"))
         options = self.validation
-        return genie_stress(self.runner, device, stress_prompts(ids, pair.context_length),
-                            options.genie_stress_rounds, options.genie_stress_concurrent,
-                            self.target.model.thresholds, self._run_dir("genie_stress"))
+        return genie_steps.genie_stress(self.runner, device, genie_steps.stress_prompts(ids, pair.context_length),
+                                        options.genie_stress_rounds, options.genie_stress_concurrent,
+                                        self.target.model.thresholds, self._run_dir("genie_stress"))
 
     def llm_prompts(self) -> list[text.TokenizedPrompt]:
         """The model's prompts, tokenized and checked against the context length."""

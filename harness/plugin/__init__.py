@@ -17,7 +17,9 @@ from typing import Any, Generic, TypeVar
 
 import pytest
 
-from harness.errors import HarnessError
+from harness.errors import DeviceQuarantinedError, HarnessError, TransportError
+from harness.kpi import INTERVALS_KEY, interval_of
+from harness.reasons import headline, summarize
 from harness.steps.table import PASSED, Step, StepOptions, steps
 
 # Fixtures and options of the later onboarding steps live in sibling modules, one per area.
@@ -80,7 +82,7 @@ def _build_session(config: pytest.Config):
     from harness.cache import DEFAULT_CACHE_DIR, ArtifactCache
     from harness.devices import load_devices_file
     from harness.models import resolve_models
-    from harness.pipeline import Target
+    from harness.target import Target
     from harness.farm import DeviceLocks, FarmState
     from harness.session import DevicePool, HarnessSession
 
@@ -242,7 +244,7 @@ class _RecordCollector:
         self.session = session
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        from harness.session import StepRecord
+        from harness.records import StepRecord
 
         for name, value in report.user_properties:
             if name == RECORD_PROPERTY:
@@ -280,8 +282,6 @@ class Outcome(Generic[T]):
     def require(self) -> T:
         """Return the value for a dependent step, skipping that step when this one failed (an inconclusive
         step does not stop it: its KPIs are there, only the evidence could not decide a limit)."""
-        from harness.reasons import headline
-
         self.require_value()
         problems = getattr(self.value, "problems", lambda: [])()
         if problems:
@@ -290,8 +290,6 @@ class Outcome(Generic[T]):
 
 
 def _outcome(step: str, compute) -> Outcome:
-    from harness.errors import TransportError
-
     try:
         return Outcome(step, value=compute())
     except HarnessError as e:
@@ -312,16 +310,13 @@ def target(request: pytest.FixtureRequest):
 
 @pytest.fixture(scope="session")
 def onboarding(target, harness_session):
-    """The Onboarding pipeline for this target: memoised artifacts and step reports."""
-    from harness.errors import DeviceQuarantinedError
-
+    """The pipeline for this target (LlmOnboarding for a kind-llm model, else Onboarding): memoised artifacts and
+    step reports."""
     try:
         return harness_session.onboarding(target)
     except DeviceQuarantinedError as e:
         pytest.skip(str(e))
     except HarnessError as e:
-        from harness.reasons import summarize
-
         pytest.fail(summarize(f"device {target.device.id}", [str(e)]), pytrace=False)
 
 
@@ -371,8 +366,6 @@ def junit_properties(step: str, kpis: dict) -> list[tuple[str, Any]]:
     """Return the scalar KPIs (and one level of nested ones, e.g. latency_ms.p50) as (step.kpi, value) pairs
     for --junitxml's <properties>; a KPI's confidence interval as (step.kpi.interval, '[low, high] (95%
     method, n=N)')."""
-    from harness.kpi import INTERVALS_KEY, interval_of
-
     pairs = []
     for key, value in kpis.items():
         if key == INTERVALS_KEY and isinstance(value, dict):
@@ -389,7 +382,6 @@ def check(request: pytest.FixtureRequest):
     """check(outcome) -> StepReport: record KPIs, attach to Allure, fail on any broken limit; a step whose
     evidence cannot decide a limit (and breaks none) is not failed but recorded `inconclusive`, and marginal
     passes are recorded as such. A failure's message is a one-line headline over its details."""
-    from harness.reasons import headline, summarize
     from harness.reporting import attach_report
     from harness.json_values import json_safe
 

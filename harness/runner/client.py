@@ -18,18 +18,19 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from harness.data import Feed, feeds_digest
+from harness.emulator.device_time import modelled_latency
 from harness.errors import ContextMismatchError, DeviceLostError, DeviceTimeoutError, RunnerError, TransportError
 from harness.files import sha256_file
+from harness.placement import refusal_message
+from harness.runner.qnn_net_run import (PYTHON_ENTRY_HINT, QnnContextModel, job_input_list, profile_timings,
+                                        qnn_context_model, read_qnn_results)
 from harness.runner.server_client import RunnerServer
+from harness.telemetry import TelemetryPaths
 from harness.transports.base import CommandResult, Transport
-
-if TYPE_CHECKING:
-    from harness.runner.qnn_net_run import QnnContextModel
 
 logger = logging.getLogger(__name__)
 
@@ -115,8 +116,6 @@ class HtpRefusedError(RunnerError):
     def from_report(cls, model: Path, report: dict, transport: Transport, argv: list[str],
                     rc: int | None) -> "HtpRefusedError":
         """Return the error for a runner report with `refused_nodes`, naming the refused nodes."""
-        from harness.placement import refusal_message
-
         cpu = [NodePlacement(**p) for p in report["refused_nodes"]]
         soc = transport.soc
         message, refused = refusal_message(Path(model), cpu, f"{soc.name} (v{soc.htp_arch})")
@@ -368,8 +367,6 @@ class DeviceRunner:
         spec.warmup untimed runs and the outputs pass), with per-window statistics and, when
         spec.telemetry_interval_s > 0, the device's thermal zones, battery and thermal status sampled on the
         runner's own clock (RunResult.report['soak'], ['telemetry'], ['iteration_end_s'])."""
-        from harness.telemetry import TelemetryPaths
-
         self._refuse_without_python("a soak")
         argv = self._runner_argv(model, runtime, allow_cpu_fallback=False, placement_only=False,
                                  profiling_level="off", warmup=spec.warmup, min_iterations=0, min_duration_s=0.0,
@@ -449,8 +446,6 @@ class DeviceRunner:
     def _refuse_without_python(self, what: str) -> None:
         """Raise RunnerError when the device runs qnn-net-run, which has no such mode."""
         if self.transport.runner_kind == "qnn-net-run":
-            from harness.runner.qnn_net_run import PYTHON_ENTRY_HINT
-
             raise RunnerError(f"device {self.transport.device_id} runs Qualcomm's qnn-net-run (no `python:` in its "
                               f"devices.yaml entry), which cannot run {what}; {PYTHON_ENTRY_HINT}",
                               device=self.transport.device_id)
@@ -531,7 +526,6 @@ class DeviceRunner:
         """Return --emulated_latency_ms for each model (in order) on an emulated device, [] on a real one."""
         if getattr(self.transport, "telemetry_source", "measured") != "emulated":
             return []
-        from harness.emulator.device_time import modelled_latency
 
         argv = []
         for model in models:
@@ -602,9 +596,6 @@ class DeviceRunner:
         over feeds (a QDQ/float model, the `cpu` runtime, placement_only, warm-up or a measurement
         loop), and when qnn-net-run fails or leaves no outputs.
         """
-        from harness.runner.qnn_net_run import (PYTHON_ENTRY_HINT, profile_timings, qnn_context_model,
-                                                read_qnn_results)
-
         device_id = self.transport.device_id
         refused = _qnn_refusal(runtime, feeds, placement_only, warmup, min_iterations, min_duration_s)
         if refused:
@@ -646,8 +637,6 @@ class DeviceRunner:
 
     def _push_job_list(self, feeds: list[Feed], data_dir: str, job: str, tmp_dir: Path) -> None:
         """Write qnn-net-run's input list for feeds staged in data_dir and push it to job/input_list.txt."""
-        from harness.runner.qnn_net_run import job_input_list
-
         local = tmp_dir / "job_input_list.txt"
         local.write_text(job_input_list(input_paths(feeds), data_dir, job))
         self.transport.push(local, f"{job}/input_list.txt")

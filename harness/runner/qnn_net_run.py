@@ -30,6 +30,7 @@ import numpy as np
 
 from harness.data import Feed
 from harness.errors import RunnerError
+from harness.profiling import ProfileFormatError, parse_profile_csv
 
 EP_CONTEXT = "EPContext"
 HOST_SDK_BIN = "x86_64-linux-clang"  # the SDK's host tools for this (x86-64 Linux) host
@@ -203,8 +204,6 @@ def profile_timings(out_dir: Path, sdk_root: Path | None, expected: int) -> Prof
     accelerator time) is one inference. Without a log or a viewer, or when the CSV cannot be read,
     inference_s is empty and note says why.
     """
-    from harness.profiling import ProfileFormatError, parse_profile_csv
-
     logs = sorted(out_dir.glob("qnn-profiling-data*.log"))
     if not logs:
         return ProfileTimings([], None, "qnn-net-run wrote no profiling log (qnn-profiling-data_0.log): no timings")

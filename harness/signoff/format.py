@@ -8,6 +8,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from harness.steps.table import find
+from harness.reasons import headline as cut
 
 _PYTEST_PREFIX = re.compile(r"^(Failed|Skipped|XFailed): ")
 MAX_ITEMS = 6
@@ -93,8 +94,6 @@ def _item_text(item: Any, depth: int) -> str:
 def headline(message: str) -> str:
     """Return a step message's headline: its first line, under 200 characters (harness.reasons.headline); a
     line ending in ':' (an older run's 'ptq did not pass:') takes the next lines along."""
-    from harness.reasons import headline as cut
-
     lines = [line.strip() for line in (message or "").splitlines() if line.strip()]
     if not lines:
         return ""

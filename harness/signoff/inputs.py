@@ -14,8 +14,9 @@ from harness.allure_names import (DEVICE, ENVIRONMENT_NAMES, INCONCLUSIVE, MARGI
 from harness.allure_report import read_result_files, result_parameters
 from harness.errors import HarnessError
 from harness.versions import tool_versions
+from harness.devices import builtin_catalog_data
+from harness.records import OUTCOMES
 
-OUTCOMES = ("passed", "inconclusive", "failed", "error", "skipped")
 NOT_RUN = "not run"
 _ALLURE_STATUS = {"passed": "passed", "failed": "failed", "broken": "error", "skipped": "skipped"}
 _ENV_KEYS = {name: key for key, name in ENVIRONMENT_NAMES.items()}
@@ -404,8 +405,6 @@ def _run_times(results: Iterable[dict[str, Any]]) -> dict[str, Any]:
 def _catalog_names() -> dict[str, str]:
     """Return the marketing name of each SoC of the packaged catalog (sm8650 -> Snapdragon 8 Gen 3)."""
     try:
-        from harness.devices import builtin_catalog_data
-
         return {soc: str(spec.get("name")) for soc, spec in builtin_catalog_data().items()
                 if isinstance(spec, dict) and spec.get("name")}
     except (HarnessError, OSError, ImportError):

@@ -11,7 +11,7 @@ from typing import Any, Iterable
 from harness.kpi import INTERVALS_KEY, Interval, interval_of, kpi_value
 from harness.signoff import format as fmt
 from harness.signoff.inputs import NOT_RUN, RunInfo, RunSet, StepResult
-from harness.signoff.verdict import REGRESSION_STEP, KpiDelta, Reason, ReleaseVerdict
+from harness.signoff.verdict import REGRESSION_STEP, KpiDelta, Reason, ReleaseVerdict, order_steps
 
 BADGES = {"passed": ("pass", "PASS"), "marginal": ("marginal", "PASS · MARGINAL"),
           "inconclusive": ("inconclusive", "INCONCLUSIVE"), "failed": ("fail", "FAIL"), "error": ("error", "ERROR"),
@@ -269,8 +269,6 @@ def _kpi_section(runs: RunSet, verdict: ReleaseVerdict) -> str:
 
 
 def _steps_of(runs: RunSet, device: str, model: str) -> list[str]:
-    from harness.signoff.verdict import order_steps
-
     return order_steps([r.step for r in runs.results if (r.device, r.model) == (device, model)])
 
 

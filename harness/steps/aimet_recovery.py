@@ -47,6 +47,7 @@ from harness.errors import HarnessError, StepError
 from harness.kpi import check_all
 from harness.models import Thresholds
 from harness.runner.client import DeviceRunner
+from harness.steps.inference import task_metric
 from harness.steps.ptq import QuantRecipe, compare_quantized, judge
 from harness.steps.report import StepReport
 from harness.steps.sweep import AccuracyOptions, Candidate, accuracy_limits, evaluate_recipe, rank
@@ -146,8 +147,6 @@ class _SimEvaluator:
     """The harness's KPIs of an AIMET sim's onnxruntime session over the evaluation data (host)."""
 
     def __init__(self, dataset: Dataset, reference: list[Feed], thresholds: Thresholds) -> None:
-        from harness.steps.inference import task_metric
-
         self.dataset, self.reference = dataset, reference
         self.float_metric = task_metric(reference, dataset, reference)
         self.limits = accuracy_limits(thresholds)

@@ -21,10 +21,12 @@ from typing import Any, Callable
 
 from harness.cache import ArtifactCache, content_key
 from harness.devices import SocSpec
+from harness.emulator.device_time import record_graph_cost
 from harness.errors import RunnerError, StepError
 from harness.files import sha256_file
 from harness.kpi import Limit
 from harness.runner.client import CONTEXT_SIDECAR, ContextTarget, DeviceRunner, HtpRefusedError, RunResult
+from harness.steps.feasibility import map_placement
 from harness.steps.report import StepReport
 
 CONTEXT_FORMAT = "harness-context-v1"
@@ -145,7 +147,6 @@ def compile_context(model: Path, soc: SocSpec, cache: ArtifactCache, *,
         (out / CONTEXT_SIDECAR).write_text(json.dumps(info, indent=1) + "\n")
 
     entry = cache.entry("context_binary", key, build)
-    from harness.emulator.device_time import record_graph_cost
 
     record_graph_cost(entry.path, model)  # the graph's cost, for an emulated device's modelled time
 
@@ -183,8 +184,6 @@ def context_binary(ctx: ContextBinary, qdq_model: Path, runner: DeviceRunner) ->
     the device's runtime against loading (JIT-compiling) the QDQ model there (session creation
     only, median of LOAD_REPEATS runs each)."""
     import onnx
-
-    from harness.steps.feasibility import map_placement
 
     fallback = bool(ctx.info["options"]["allow_cpu_fallback"])
     loads: dict[str, list[float]] = {"context": [], "jit": []}

@@ -17,6 +17,7 @@ from harness.convert import constants, copy_model, opset, rewrites, simplify
 from harness.convert.equivalence import Equivalence, RunFailed, check_feeds, compare, run
 from harness.convert.freeze import freeze_inputs, frozen_array
 from harness.convert.shapes import count_nodes, infer_shapes
+from harness.data import input_infos, load_calibration_dir
 from harness.errors import ConfigError, ModelError, StepError
 from harness.models import ModelSpec, fix_input_shapes, load_onnx
 from harness.steps.report import StepReport
@@ -63,7 +64,6 @@ def _calibration_feeds(spec: ModelSpec, fixed: onnx.ModelProto, count: int = 1) 
     ones may leave at 0, e.g. a text detector's probability map); none without calibration data."""
     if spec.calib_data is None:
         return []
-    from harness.data import input_infos, load_calibration_dir
 
     try:
         return load_calibration_dir(spec.calib_data, input_infos(fixed))[:count]

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from harness import charts
 from harness.cache import ArtifactCache, content_key
 from harness.data import Dataset, Feed, feeds_digest
 from harness import stats
@@ -373,8 +374,6 @@ def _candidate_rows(effects: list[UnitEffect], ranked: list[PromotionUnit], star
 def _pareto_plot(rows: list[dict[str, Any]], thresholds: Thresholds, start_name: str,
                  cache: ArtifactCache) -> Path:
     """Write the accuracy-vs-promotions chart, cached by the table's content; return its path."""
-    from harness import charts
-
     key = content_key("mp-pareto-plot-v1", rows, thresholds.min_sqnr_db, thresholds.min_cosine_similarity, start_name)
 
     def build(out: Path) -> None:

@@ -27,6 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
+from harness import charts
 from harness.data import Feed
 from harness.devices import SocSpec
 from harness.errors import StepError
@@ -247,8 +248,6 @@ def profile(ctx: ContextBinary, qdq_model: Path, feed: Feed, runner: DeviceRunne
     Writes a latency histogram, a per-op bar chart and the raw QNN profile CSV into out_dir and
     lists them in the report's artifacts.
     """
-    from harness import charts
-
     out_dir.mkdir(parents=True, exist_ok=True)
     timed = measure_blocks(runner, ctx.model, feed, rule, blocks)
     rule, sized_why = timed.rule, timed.sized_why

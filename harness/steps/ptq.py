@@ -12,6 +12,7 @@ import numpy as np
 
 from harness.cache import ArtifactCache, content_key
 from harness.data import Dataset, Feed, feeds_digest
+from harness.encodings import recipe_overrides
 from harness.errors import StepError
 from harness import stats
 from harness.kpi import INTERVALS_KEY, Limit
@@ -50,8 +51,6 @@ class QuantRecipe:
 
 def quantize(model: Path, calibration: list[Feed], recipe: QuantRecipe, cache: ArtifactCache) -> Path:
     """Return the cached QDQ model quantized from model with recipe and the calibration feeds."""
-    from harness.encodings import recipe_overrides
-
     overrides = recipe_overrides(model, recipe.encodings, recipe.encodings_file, recipe.tensor_overrides,
                                  recipe.activation_type)
     key = content_key("qdq-v1", model, feeds_digest(calibration), asdict(recipe))

@@ -25,7 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from harness.baseline import (VERDICTS, BaselineError, Evidence, KpiVerdict, Snapshot, compare_blocks,
+from harness.baseline import (VERDICTS, BaselineError, Evidence, KpiVerdict, Snapshot, _fmt, compare_blocks,
                               compare_higher, compare_lower, compare_outcome, compare_paired, load_baseline,
                               model_sha256, snapshot)
 from harness.errors import ContextMismatchError, RunnerError
@@ -37,8 +37,8 @@ from harness.steps.table import WALL, KpiRule, rules
 if TYPE_CHECKING:
     from harness.cache import ArtifactCache
     from harness.latency_ab import Bench
-    from harness.pipeline import Target
-    from harness.session import StepRecord
+    from harness.records import StepRecord
+    from harness.target import Target
 
 def _get(kpis: dict[str, Any] | None, dotted: str) -> Any:
     value: Any = kpis
@@ -156,7 +156,6 @@ def _comparable(baseline: Snapshot, current: Snapshot) -> bool:
 
 def _ab(bench: "Bench", artifact: Path, candidate: Path, c_kpis: dict[str, Any], rule: KpiRule, base: Evidence,
         cur: Evidence, thresholds: Thresholds) -> KpiVerdict:
-    from harness.baseline import _fmt
     from harness.latency_ab import AB_MAX_PAIRS, interleaved
     from harness.steps.profile import MeasureRule
 

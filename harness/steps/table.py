@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from harness.baseline import baseline_path
 from harness.errors import HarnessError
 
 PASSED = "passed"  # Outcome.require(): skipped unless the prerequisite passed (an inconclusive one counts)
@@ -136,7 +137,9 @@ def _concurrency(onboarding: Any, options: StepOptions) -> Any:
     """N sessions at once, with the run's other models on the same device (those whose context binary builds)."""
     others = []
     for target in options.session.targets:
-        if target.device.id == onboarding.target.device.id and target.model.name != onboarding.target.model.name:
+        # a language model (kind llm) has no single context binary to run beside
+        if (target.device.id == onboarding.target.device.id and target.model.name != onboarding.target.model.name
+                and not target.model.is_llm):
             other = options.session.onboarding(target)
             try:
                 other.context_artifact()
@@ -152,8 +155,6 @@ def option_dir(value: str | None) -> Path | None:
 
 
 def _regression_skip(options: StepOptions) -> str | None:
-    from harness.baseline import baseline_path
-
     root, target = option_dir(options.option.baseline), options.target
     if root is None:
         return "no --baseline DIR given: there is no baseline to compare this run with"
@@ -167,7 +168,6 @@ def _regression_skip(options: StepOptions) -> str | None:
 def _regression(onboarding: Any, options: StepOptions) -> Any:
     """This run's records of the target against its baseline file, with an interleaved A/B on the target's
     device where the baseline's artifact is in the cache."""
-    from harness.baseline import baseline_path
     from harness.latency_ab import Bench
     from harness.steps.regression import regression_against
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ContextManager
 
-from harness.errors import ConfigError, DeviceLostError, DeviceTimeoutError, TransportError
+from harness.errors import DeviceLostError, DeviceTimeoutError, TransportError
 from harness.files import sha256_file
 
 if TYPE_CHECKING:
@@ -274,34 +274,3 @@ class Transport(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def open_transport(device: "DeviceSpec", soc: "SocSpec", sandbox_root: Path, *, detect_soc: bool = True) -> Transport:
-    """Return a connected transport for a device entry, its SoC checked against what the device reports.
-
-    Raises SocMismatchError when the device reports another SoC than devices.yaml says, ConfigError
-    for an unusable entry, TransportError (HostKeyError, DeviceLostError) when it cannot be reached.
-    """
-    if device.transport == "emulator":
-        from harness.transports.emulator import EmulatorTransport
-
-        transport: Transport = EmulatorTransport(device, soc, sandbox_root)
-    elif device.transport == "ssh":
-        from harness.transports.ssh import SshTransport
-
-        transport = SshTransport(device, soc)
-    elif device.transport == "adb":
-        from harness.transports.adb import AdbTransport
-
-        transport = AdbTransport(device, soc)
-    else:
-        raise ConfigError(f"device '{device.id}': transport '{device.transport}' is not available in this version")
-    if detect_soc:
-        from harness.soc_detect import verify_soc
-
-        try:
-            verify_soc(transport)
-        except BaseException:
-            transport.close()
-            raise
-    return transport
