@@ -29,6 +29,9 @@ def run_suites(pytester: pytest.Pytester, session_cache_dir: Path):
 
 
 @pytest.mark.slow
+# every LLM step on the HTP simulator and Genie, with the stress step's two concurrent Genie processes: about 10
+# minutes on 2 idle cores, longer beside another test worker (-n 2); CI's --timeout 900 would cut it there
+@pytest.mark.timeout(1800)
 def test_tiny_gpt_through_the_llm_suites_on_the_htp_simulator_and_genie(run_suites, pytester):
     alluredir = pytester.path / "allure"
     result, steps = run_suites("--model", "tiny_gpt", "--alluredir", str(alluredir), *SHORT_STRESS)
