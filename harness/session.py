@@ -15,8 +15,8 @@ from harness.cooldown import read_temps
 from harness.devices import DevicesFile, DeviceSpec
 from harness.errors import DeviceLostError, DeviceQuarantinedError, HarnessError
 from harness.farm import DEFAULT_MIN_FREE_MB, MAX_TRANSPORT_FAILURES, FarmState, Quarantine, check_health
-from harness.json_values import json_default
 from harness.files import write_text_atomically
+from harness.json_values import json_default
 from harness.llm.pipeline import LlmOnboarding
 from harness.pipeline import Onboarding
 from harness.records import StepRecord
@@ -174,7 +174,6 @@ class HarnessSession:
         """Write the records to --kpi-json atomically (no-op without the option)."""
         if self.kpi_json is None:
             return
-
         payload = {"records": [r.__dict__ for r in self.records], "devices": self.device_summary(),
                    "environment": environment(self.started_at, time.monotonic() - self.started_monotonic)}
         write_text_atomically(self.kpi_json, json.dumps(payload, indent=2, default=json_default))

@@ -5,9 +5,9 @@ Every accuracy step runs the evaluation set on the HTP (PTQ, each sweep candidat
 precision step, runtime), and on the HTP simulator a real model takes from milliseconds to
 seconds per inference. So the pipeline times the default 8-bit model on the device (the
 faster of two inferences, so that a load spike on a busy host does not shrink the set; cached per
-model, data and device, so a re-run picks the same count and reuses its artifacts) and evaluates on as many samples as fit in EVAL_BUDGET_S per pass, at least
-MIN_EVAL_SAMPLES; Step 7's validation_accuracy, one pass, gets VALIDATION_BUDGET_S. Labelled data sets
-(the zoo's) are never cut: their task metric needs them. The count decides what the accuracy limits
+model, data and device, so a re-run picks the same count and reuses its artifacts) and evaluates
+on as many samples as fit in EVAL_BUDGET_S per pass, at least MIN_EVAL_SAMPLES; Step 7's
+validation_accuracy, one pass, gets VALIDATION_BUDGET_S. Labelled data sets (the zoo's) are never cut: their task metric needs them. The count decides what the accuracy limits
 can resolve (harness.stats: 189 samples resolve a 0.02 drop of an agreement with none changed), and
 the data set's description says it before any step runs.
 
