@@ -8,12 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.baseline import REGRESSION_STEP
 from harness.errors import HarnessError
 from harness.signoff.format import COMPARE_DIGITS, details, headline, value_text, when
 from harness.signoff.inputs import NOT_RUN, DeviceState, RunSet, StepResult
 from harness.steps.table import names
 
-REGRESSION_STEP = "regression"
 REASON_KINDS = ("failed", "regression", "quarantined", "not_run", "inconclusive")
 GO, NO_GO, RE_RUN = "GO", "NO-GO", "RE-RUN"
 
