@@ -8,7 +8,9 @@ the pipeline on an emulated device (cold cache unless --cache-dir) and prints, s
   starting the runner, the HTP simulator, pulling results; overlapping calls of the sweep's
   threads counted once) against the harness's own work (conversion, quantization, host references,
   comparisons, reports); the harness's overhead on top of the device runs, goal < 10 % — host-side
-  quantization and float references are work a user needs too, so they are shown apart;
+  quantization and float references are work a user needs too, so they are shown apart; the process's
+  start-up (importing onnx, onnxruntime, matplotlib ...), paid once per run, is timed before the first
+  model and printed apart too;
 * the conversion's folding: the 8-bit QDQ form of the shape-fixed (un-folded) model against the
   converted (folded) one on the HTP: nodes placed on the HTP, total nodes, and mean inference ms.
 
@@ -207,6 +209,19 @@ def bench(name: str, root: Path, device_id: str, devices, cache: ArtifactCache, 
         transport.close()
 
 
+def start_up() -> float:
+    """Import the libraries every model's steps use (what a pytest session pays once, at its first step); return
+    the seconds it took, so that the first model's figures do not carry the process's start-up."""
+    started = time.perf_counter()
+    import matplotlib.backends.backend_agg  # noqa: F401
+    import onnx  # noqa: F401
+    import onnxruntime  # noqa: F401
+    import onnxruntime.quantization  # noqa: F401
+    import onnxslim  # noqa: F401
+    import scipy.stats  # noqa: F401
+    return time.perf_counter() - started
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=None, help="corpus models (default: all)")
@@ -223,6 +238,8 @@ def main() -> None:
     if missing:
         sys.exit(f"not fetched: {', '.join(missing)}; run `python -m harness corpus fetch`")
     devices = load_devices_file(REPO / "devices.yaml")
+    print(f"process start-up, once per run (not per model): {start_up():.1f} s importing onnx, onnxruntime, "
+          "its quantizer, onnxslim, scipy and matplotlib")
     with tempfile.TemporaryDirectory(prefix="bench-real-") as tmp:
         work = Path(tmp)
         cache = TimedCache(Path(args.cache_dir) if args.cache_dir else work / "cache")
