@@ -16,7 +16,7 @@ import allure
 from harness.allure_names import (DEVICE, INCONCLUSIVE, MARGINAL, MODEL, SOC, kpi_attachment, soc_parameter,
                                   status_message, step_name)
 from harness.kpi import INTERVALS_KEY, interval_of, kpi_value
-from harness.json_values import json_safe
+from harness.records import StepRecord
 from harness.steps.report import StepReport
 
 
@@ -39,10 +39,10 @@ def label_target(device: str, soc: str, soc_name: str, model: str) -> None:
     allure.dynamic.tag(soc)
 
 
-def attach_report(report: StepReport) -> None:
-    """Record a step report in Allure: an Allure step per verdict, KPIs as JSON, tables as CSV."""
+def attach_report(report: StepReport, record: StepRecord) -> None:
+    """Record a step report in Allure: an Allure step per verdict, the record's KPIs as JSON, tables as CSV."""
     with allure.step(step_name(report.step)):
-        allure.attach(json.dumps(json_safe(report.kpis), indent=2), name=kpi_attachment(report.step),
+        allure.attach(json.dumps(record.to_json()["kpis"], indent=2), name=kpi_attachment(report.step),
                       attachment_type=allure.attachment_type.JSON)
         for name, rows in report.tables.items():
             allure.attach(table_csv(rows), name=f"{report.step} {name}", attachment_type=allure.attachment_type.CSV)
