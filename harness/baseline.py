@@ -33,7 +33,7 @@ from harness.clock import now_iso
 from harness.errors import ConfigError, HarnessError
 from harness.files import sha256_file, write_text_atomically
 from harness.json_values import json_default
-from harness.records import StepRecord
+from harness.reporting.records import StepRecord
 from harness.repeats import min_unpaired_p, paired, unpaired_p
 from harness.versions import harness_version
 

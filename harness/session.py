@@ -19,7 +19,7 @@ from harness.files import write_text_atomically
 from harness.json_values import json_default
 from harness.llm.pipeline import LlmOnboarding
 from harness.pipeline import Onboarding
-from harness.records import StepRecord
+from harness.reporting.records import StepRecord
 from harness.runner.client import DeviceRunner
 from harness.target import Target
 from harness.transports import Transport, open_transport

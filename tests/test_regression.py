@@ -17,7 +17,7 @@ from harness.baseline import (BaselineError, Evidence, Snapshot, baseline_path, 
 from harness.errors import ConfigError
 from harness.models import Thresholds
 from harness.repeats import min_unpaired_p, summary
-from harness.records import StepRecord
+from harness.reporting.records import StepRecord
 from harness.steps.regression import compare, regression
 from model_builders import conv_classifier
 

@@ -177,8 +177,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     if marker is None or callspec is None or "target" not in callspec.params:
         return
     if report.when == "call" or (report.when == "setup" and not report.passed):
-        from harness.records import StepRecord
-        from harness.reporting import attach_report, flag_allure_result
+        from harness.reporting.records import StepRecord
+        from harness.reporting.allure import attach_report, flag_allure_result
 
         target = callspec.params["target"]
         state = "error" if report.when == "setup" and report.failed else report.outcome
@@ -203,17 +203,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         report.user_properties.append((RECORD_PROPERTY, record.to_json()))
 
 
-def _record(report: pytest.TestReport) -> dict | None:
-    """Return the step record a test report carries (see RECORD_PROPERTY), or None."""
-    return next((value for name, value in report.user_properties if name == RECORD_PROPERTY), None)
-
-
 def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):  # type: ignore[no-untyped-def]
     """An inconclusive step is its own category (I, INCONCLUSIVE), counted apart from passes and failures; a
     marginal pass is a pass shown as M / PASSED (marginal)."""
     if report.when != "call" or not report.passed:
         return None
-    record = _record(report)
+    record = next((value for name, value in report.user_properties if name == RECORD_PROPERTY), None)
     if record is None:
         return None
     if record["outcome"] == "inconclusive":
@@ -248,7 +243,7 @@ class _RecordCollector:
         self.session = session
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        from harness.records import StepRecord
+        from harness.reporting.records import StepRecord
 
         for name, value in report.user_properties:
             if name == RECORD_PROPERTY:
@@ -257,7 +252,7 @@ class _RecordCollector:
                 self.session.device_states[value["id"]] = value
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        from harness.summary import run_exit_status
+        from harness.reporting.summary import run_exit_status
 
         if hasattr(session.config, "workerinput"):
             return
@@ -360,7 +355,7 @@ def _step_fixtures() -> types.ModuleType:
 def _harness_labels(request: pytest.FixtureRequest) -> None:
     callspec = getattr(request.node, "callspec", None)
     if callspec is not None and "target" in callspec.params:
-        from harness.reporting import label_target
+        from harness.reporting.allure import label_target
 
         t = callspec.params["target"]
         label_target(t.device.id, t.soc.id, t.soc.name, t.model.name)

@@ -9,13 +9,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
-from harness.allure_names import (DEVICE, ENVIRONMENT_NAMES, INCONCLUSIVE, MARGINAL, MODEL, SOC, STEP_PREFIX,
-                                  kpi_attachment, split_soc_parameter, status_text)
-from harness.allure_report import read_result_files, result_parameters
-from harness.errors import HarnessError
-from harness.versions import tool_versions
 from harness.devices import builtin_catalog_data
-from harness.records import Chart, StepRecord
+from harness.errors import HarnessError
+from harness.reporting.names import (DEVICE, ENVIRONMENT_NAMES, INCONCLUSIVE, MARGINAL, MODEL, SOC, STEP_PREFIX,
+                                     kpi_attachment, split_soc_parameter, status_text)
+from harness.reporting.records import Chart, StepRecord
+from harness.reporting.report_cli import read_result_files, result_parameters
+from harness.versions import tool_versions
 
 NOT_RUN = "not run"
 _ALLURE_STATUS = {"passed": "passed", "failed": "failed", "broken": "error", "skipped": "skipped"}

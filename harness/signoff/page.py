@@ -9,7 +9,7 @@ from html import escape
 from typing import Any, Iterable
 
 from harness.kpi import INTERVALS_KEY, Interval, interval_of, kpi_value
-from harness.records import StepRecord
+from harness.reporting.records import StepRecord
 from harness.signoff import format as fmt
 from harness.signoff.inputs import NOT_RUN, RunInfo, RunSet
 from harness.signoff.verdict import REGRESSION_STEP, KpiDelta, Reason, ReleaseVerdict, order_steps

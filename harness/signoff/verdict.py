@@ -10,7 +10,7 @@ from typing import Any
 
 from harness.baseline import REGRESSION_STEP
 from harness.errors import HarnessError
-from harness.records import StepRecord
+from harness.reporting.records import StepRecord
 from harness.signoff.format import COMPARE_DIGITS, details, headline, value_text, when
 from harness.signoff.inputs import NOT_RUN, DeviceState, RunSet
 from harness.steps.table import names
