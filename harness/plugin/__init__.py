@@ -177,8 +177,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     if marker is None or callspec is None or "target" not in callspec.params:
         return
     if report.when == "call" or (report.when == "setup" and not report.passed):
-        from harness.reporting.records import StepRecord
         from harness.reporting.allure import attach_report, flag_allure_result
+        from harness.reporting.records import StepRecord
 
         target = callspec.params["target"]
         state = "error" if report.when == "setup" and report.failed else report.outcome
