@@ -19,7 +19,7 @@ from harness.files import write_text_atomically
 from harness.json_values import json_default
 from harness.llm.pipeline import LlmOnboarding
 from harness.pipeline import Onboarding
-from harness.records import StepRecord
+from harness.reporting.records import StepRecord
 from harness.runner.client import DeviceRunner
 from harness.target import Target
 from harness.transports import Transport, open_transport
@@ -174,10 +174,9 @@ class HarnessSession:
         """Write the records to --kpi-json atomically (no-op without the option)."""
         if self.kpi_json is None:
             return
-        payload = {"records": [r.__dict__ for r in self.records], "devices": self.device_summary(),
+        payload = {"records": [r.to_json() for r in self.records], "devices": self.device_summary(),
                    "environment": environment(self.started_at, time.monotonic() - self.started_monotonic)}
         write_text_atomically(self.kpi_json, json.dumps(payload, indent=2, default=json_default))
-
 
     def device_summary(self) -> list[dict[str, Any]]:
         """Return each selected device's farm status (from this process's pool, or the workers' reports)."""

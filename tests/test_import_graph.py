@@ -27,8 +27,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("device-side programs (pushed to the device: they import only each other)",
      _modules("runner.device_runner runner.llm_runner runner.genie_runner")),
     ("foundation: errors, files, records, KPI rules and statistics",
-     _modules(". errors files records kpi stats repeats reasons metrics host_sessions shutdown transports.retry "
-              "runner clock json_values versions allure_names")),
+     _modules(". errors files kpi stats repeats reasons metrics host_sessions shutdown transports.retry "
+              "runner clock json_values versions reporting reporting.records reporting.names")),
     ("what is onboarded where: devices and SoCs, models, data, the cache, the conversion transforms, the emulated "
      "devices, the built-in models",
      _modules("devices models target data calibration cache cache_check encodings convert convert.* qnn_ops "
@@ -36,11 +36,11 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
               "llm.export model_sources")),
     ("transports", _modules("transports transports.* soc_detect telemetry cooldown")),
     ("runner", _modules("runner.client runner.server_client runner.qnn_net_run farm sizing")),
-    ("steps", _modules("steps steps.* soak charts validation baseline latency_ab llm.calibration llm.device "
-                       "llm.steps llm.genie_steps llm.genie_config")),
+    ("steps", _modules("steps steps.* soak reporting.charts validation baseline latency_ab llm.calibration "
+                       "llm.device llm.steps llm.genie_steps llm.genie_config")),
     ("pipelines", _modules("pipeline_base pipeline llm.pipeline")),
-    ("session and reports", _modules("session reporting summary allure_report signoff signoff.* profile_view "
-                                     "corpus corpus_data")),
+    ("session and reports", _modules("session reporting.allure reporting.summary reporting.report_cli signoff "
+                                     "signoff.* profile_view corpus corpus_data")),
     ("pytest plugin, suites and commands", _modules("plugin plugin.* suites suites.* __main__")),
 ]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from harness import charts
+from harness.reporting import charts
 from harness.kpi import Limit
 from harness.llm.device import FloatJudge, _push_data
 from harness.llm.steps import agreement_kpis

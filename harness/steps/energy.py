@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from harness import charts
+from harness.reporting import charts
 from harness.data import Feed
 from harness.kpi import INTERVALS_KEY, Interval, Limit
 from harness.models import Thresholds

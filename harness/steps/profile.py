@@ -27,7 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
-from harness import charts
+from harness.reporting import charts
 from harness.data import Feed
 from harness.devices import SocSpec
 from harness.errors import StepError

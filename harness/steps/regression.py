@@ -37,7 +37,7 @@ from harness.steps.table import WALL, KpiRule, rules
 if TYPE_CHECKING:
     from harness.cache import ArtifactCache
     from harness.latency_ab import Bench
-    from harness.records import StepRecord
+    from harness.reporting.records import StepRecord
     from harness.target import Target
 
 def _get(kpis: dict[str, Any] | None, dotted: str) -> Any:

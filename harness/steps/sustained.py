@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness import charts
+from harness.reporting import charts
 from harness.cooldown import cool_down
 from harness.data import Feed
 from harness.kpi import Limit
