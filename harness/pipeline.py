@@ -13,7 +13,7 @@ from pathlib import Path
 from harness import sizing
 from harness.cache import ArtifactCache
 from harness.data import Dataset, Feed, with_evaluation_count
-from harness.encodings import exported_encodings
+from harness.quantization.encodings import exported_encodings
 from harness.errors import HarnessError, StepError
 from harness.model_sources import dataset_for, source_model
 from harness.pipeline_base import PipelineBase, memoized

@@ -22,7 +22,7 @@ import onnx
 import pytest
 
 from harness.cache import ArtifactCache
-from harness.encodings import (aimet_channel_axis, export_encodings, load_encodings, model_for_encodings,
+from harness.quantization.encodings import (aimet_channel_axis, export_encodings, load_encodings, model_for_encodings,
                                to_tensor_overrides)
 from harness.errors import ConfigError, HarnessError
 from harness.metrics import cosine_similarity

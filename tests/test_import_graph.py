@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
               "runner clock json_values versions allure_names")),
     ("what is onboarded where: devices and SoCs, models, data, the cache, the conversion transforms, the emulated "
      "devices, the built-in models",
-     _modules("devices models target data calibration cache cache_check encodings convert convert.* qnn_ops "
+     _modules("devices models target data cache cache_check quantization quantization.* convert convert.* qnn_ops "
               "placement profiling estimate emulator emulator.* zoo zoo.* llm llm.gpt llm.convention llm.text "
               "llm.export model_sources")),
     ("transports", _modules("transports transports.* soc_detect telemetry cooldown")),
@@ -57,12 +57,13 @@ LAZY: dict[tuple[str, str], str] = {
     ("harness.baseline", "harness.model_sources"): "onnx (a zoo model's build), for the model hash only",
     ("harness.models", "harness.convert"): "onnx: model specs and options parse without it",
     ("harness.models", "harness.convert.shapes"): "onnx: model specs and options parse without it",
-    ("harness.encodings", "harness.convert.opset"): "onnx: encodings files validate without it",
+    ("harness.quantization.encodings", "harness.convert.opset"): "onnx: encodings files validate without it",
     ("harness.steps.regression", "harness.latency_ab"): "onnx, for an A/B on the device only",
     ("harness.steps.regression", "harness.steps.profile"): "onnx, for an A/B on the device only",
-    ("harness.steps.ptq", "harness.calibration"): "onnxruntime.quantization, when a model is quantized",
-    ("harness.steps.sweep", "harness.calibration"): "onnxruntime.quantization, when a model is quantized",
-    ("harness.steps.error_isolation", "harness.calibration"): "onnxruntime.quantization, for float activations",
+    ("harness.steps.ptq", "harness.quantization.calibration"): "onnxruntime.quantization, when a model is quantized",
+    ("harness.steps.sweep", "harness.quantization.calibration"): "onnxruntime.quantization, when a model is quantized",
+    ("harness.steps.error_isolation", "harness.quantization.calibration"): "onnxruntime.quantization, for float "
+                                                                           "activations",
     ("harness.steps.table", "harness.steps.profile"): "numpy, onnx and matplotlib: the plugin reads the step table "
                                                       "at start-up, a step's module loads when the step runs",
     ("harness.steps.table", "harness.latency_ab"): "onnx, for an A/B on the device only",

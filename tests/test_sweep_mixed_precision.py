@@ -11,7 +11,7 @@ import onnx.numpy_helper
 import pytest
 
 from accuracy_helpers import DEMO_THRESHOLDS, REPO, demo_onboarding, demo_spec
-from harness.encodings import load_encodings
+from harness.quantization.encodings import load_encodings
 from harness.models import Thresholds, resolve_model
 from harness.pipeline import Onboarding, Target
 from harness.steps import mixed_precision as mp
@@ -309,7 +309,7 @@ def test_recipes_reuse_one_calibration_and_quantize_exactly_as_a_fresh_calibrati
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
     from harness.cache import ArtifactCache
-    from harness.calibration import FeedReader
+    from harness.quantization.calibration import FeedReader
     from harness.steps.ptq import quantize as harness_quantize
     from real_models_helpers import real_model_spec
 

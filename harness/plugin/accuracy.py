@@ -33,7 +33,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 @pytest.hookimpl(trylast=True)  # after the core plugin has made the HarnessSession
 def pytest_configure(config: pytest.Config) -> None:
-    from harness.encodings import load_encodings
+    from harness.quantization.encodings import load_encodings
     from harness.steps.aimet_recovery import RecoveryOptions
 
     path = config.getoption("quantization_overrides", None)

@@ -12,7 +12,7 @@ import numpy as np
 
 from harness.cache import ArtifactCache, content_key
 from harness.data import Dataset, Feed, feeds_digest
-from harness.encodings import recipe_overrides
+from harness.quantization.encodings import recipe_overrides
 from harness.errors import StepError
 from harness import stats
 from harness.kpi import INTERVALS_KEY, Limit
@@ -59,7 +59,7 @@ def quantize(model: Path, calibration: list[Feed], recipe: QuantRecipe, cache: A
         from onnxruntime.quantization import CalibrationMethod, QuantType
         from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
-        from harness.calibration import FeedReader
+        from harness.quantization.calibration import FeedReader
 
         try:
             config = get_qnn_qdq_config(

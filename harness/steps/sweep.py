@@ -208,7 +208,7 @@ def entropy_ranges(model: Path, calibration: list[Feed], cache: ArtifactCache,
     def build(out: Path) -> None:
         from onnxruntime.quantization.calibrate import CalibrationMethod, create_calibrator
 
-        from harness.calibration import FeedReader
+        from harness.quantization.calibration import FeedReader
 
         with _private_copy(model, cache) as own:
             try:
