@@ -13,10 +13,10 @@ from pathlib import Path
 from harness import sizing
 from harness.cache import ArtifactCache
 from harness.data import Dataset, Feed, with_evaluation_count
-from harness.quantization.encodings import exported_encodings
 from harness.errors import HarnessError, StepError
 from harness.model_sources import dataset_for, source_model
 from harness.pipeline_base import PipelineBase, memoized
+from harness.quantization.export import exported_encodings
 from harness.runner.client import DeviceRunner
 from harness.steps import context_binary, conversion, feasibility, float_baseline, profile, ptq, runtime
 from harness.steps import aimet_recovery, error_isolation, mixed_precision, promotion, sweep

@@ -57,7 +57,7 @@ LAZY: dict[tuple[str, str], str] = {
     ("harness.baseline", "harness.model_sources"): "onnx (a zoo model's build), for the model hash only",
     ("harness.models", "harness.convert"): "onnx: model specs and options parse without it",
     ("harness.models", "harness.convert.shapes"): "onnx: model specs and options parse without it",
-    ("harness.quantization.encodings", "harness.convert.opset"): "onnx: encodings files validate without it",
+    ("harness.quantization.overrides", "harness.convert.opset"): "onnx: encodings files validate without it",
     ("harness.steps.regression", "harness.latency_ab"): "onnx, for an A/B on the device only",
     ("harness.steps.regression", "harness.steps.profile"): "onnx, for an A/B on the device only",
     ("harness.steps.ptq", "harness.quantization.calibration"): "onnxruntime.quantization, when a model is quantized",

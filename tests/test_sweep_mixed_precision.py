@@ -11,9 +11,9 @@ import onnx.numpy_helper
 import pytest
 
 from accuracy_helpers import DEMO_THRESHOLDS, REPO, demo_onboarding, demo_spec
-from harness.quantization.encodings import load_encodings
 from harness.models import Thresholds, resolve_model
 from harness.pipeline import Onboarding, Target
+from harness.quantization.encodings import load_encodings
 from harness.steps import mixed_precision as mp
 from harness.steps import promotion
 from harness.steps.promotion import PromotionUnit
