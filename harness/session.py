@@ -11,10 +11,10 @@ from typing import Any
 
 from harness.cache import ArtifactCache
 from harness.clock import now_iso
-from harness.cooldown import read_temps
 from harness.devices import DevicesFile, DeviceSpec
 from harness.errors import DeviceLostError, DeviceQuarantinedError, HarnessError
-from harness.farm import DEFAULT_MIN_FREE_MB, MAX_TRANSPORT_FAILURES, FarmState, Quarantine, check_health
+from harness.farm.cooldown import read_temps
+from harness.farm.state import DEFAULT_MIN_FREE_MB, MAX_TRANSPORT_FAILURES, FarmState, Quarantine, check_health
 from harness.files import write_text_atomically
 from harness.json_values import json_default
 from harness.llm.pipeline import LlmOnboarding

@@ -34,8 +34,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
      _modules("devices models target data cache cache_check quantization quantization.* convert convert.* qnn_ops "
               "placement profiling estimate emulator emulator.* zoo zoo.* llm llm.gpt llm.convention llm.text "
               "llm.export model_sources")),
-    ("transports", _modules("transports transports.* soc_detect telemetry cooldown")),
-    ("runner", _modules("runner.client runner.server_client runner.qnn_net_run farm sizing")),
+    ("transports", _modules("transports transports.* soc_detect telemetry farm.cooldown")),
+    ("runner", _modules("runner.client runner.server_client runner.qnn_net_run farm farm.* sizing")),
     ("steps", _modules("steps steps.* soak charts validation baseline latency_ab llm.calibration llm.device "
                        "llm.steps llm.genie_steps llm.genie_config")),
     ("pipelines", _modules("pipeline_base pipeline llm.pipeline")),

@@ -37,7 +37,7 @@ def _runner(devices, tmp_path: Path, telemetry: dict | None = None, **thermal) -
     if thermal:
         soc = soc.model_copy(update={"thermal": soc.thermal.model_copy(update=thermal)})
     runner = DeviceRunner(open_transport(dev, soc, tmp_path))
-    from harness.cooldown import read_temps
+    from harness.farm.cooldown import read_temps
 
     runner.idle_temps_c = read_temps(runner.transport)
     return runner

@@ -249,7 +249,7 @@ class DeviceRunner:
         self._deployed = False
         self._platform: tuple[str | None, str | None] | None = None  # the device's (machine, system)
         self._qnn_net_run = None  # harness.transports.adb.QnnNetRun, once deployed
-        self.idle_temps_c: dict[str, float] = {}  # the device's zones when it connected (harness.cooldown)
+        self.idle_temps_c: dict[str, float] = {}  # the device's zones when it connected (harness.farm.cooldown)
 
     def deploy(self) -> None:
         """Push the runner program to the device (skipped when it is already there)."""

@@ -1,6 +1,6 @@
 """Step 7, sustained performance and thermal stability: a soak of the deployable context binary.
 
-First a cooldown (harness.cooldown), so an earlier step's heat does not skew the run; then one runner
+First a cooldown (harness.farm.cooldown), so an earlier step's heat does not skew the run; then one runner
 process runs the context binary for the soak duration, timing every iteration, with latency per window
 and the device's thermal zones, battery and (on Android) thermal status sampled on the runner's clock
 (harness.soak). KPIs after 3DMark's stress test and MLPerf Mobile: stability_pct (worst window's
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness import charts
-from harness.cooldown import cool_down
 from harness.data import Feed
+from harness.farm.cooldown import cool_down
 from harness.kpi import Limit
 from harness.models import Thresholds
 from harness.runner.client import DeviceRunner, SoakSpec

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from filelock import FileLock, Timeout
 
 from harness.clock import utc_now
-from harness.cooldown import read_temps
+from harness.farm.cooldown import read_temps
 from harness.errors import ConfigError, HarnessError, TransportError
 from harness.files import write_text_atomically
 
