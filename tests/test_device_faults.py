@@ -147,7 +147,8 @@ def test_a_device_that_disconnects_mid_run_errors_and_the_others_go_on(pytester,
 
 def test_farm_state_quarantine_expiry_release_and_bad_paths(tmp_path):
     from harness.errors import ConfigError
-    from harness.farm.state import FarmError, FarmState
+    from harness.errors import FarmError
+    from harness.farm.state import FarmState
 
     state = FarmState(tmp_path / "state.json", quarantine_hours=1)
     q = state.quarantine("phone-1", "health check failed: free space: 12 MB free")
@@ -225,7 +226,7 @@ def test_a_device_quarantined_in_the_farm_state_makes_an_xdist_run_incomplete(py
 
 
 def test_a_device_held_by_another_process_is_waited_for_then_named(pytester, session_cache_dir, tmp_path):
-    from harness.farm.state import DeviceLocks
+    from harness.farm.locks import DeviceLocks
 
     locks = DeviceLocks(tmp_path / "locks", timeout_s=1)
     lock = locks.acquire("sm8650-emu")  # another pytest process measuring on the device

@@ -1,2 +1,2 @@
-"""The device farm: per-device locks, the health check before first use, quarantine in the farm state file, and the
-cooldown before a measurement."""
+"""The device farm: one user of a device at a time (locks.py), a health check before first use (health.py), quarantine
+in the farm state file (state.py), and the cooldown before a measurement (cooldown.py)."""

@@ -33,7 +33,8 @@ _interval = bounded(float, 0, "an interval in seconds (0 turns telemetry off)")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    from harness.farm.state import DEFAULT_MIN_FREE_MB, DEFAULT_QUARANTINE_HOURS
+    from harness.farm.health import DEFAULT_MIN_FREE_MB
+    from harness.farm.state import DEFAULT_QUARANTINE_HOURS
 
     group = parser.getgroup("snapdragon")
     group.addoption("--telemetry-interval", type=_interval, default=DEFAULT_TELEMETRY_INTERVAL_S, metavar="SECONDS",
