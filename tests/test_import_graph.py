@@ -35,7 +35,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
               "placement profiling estimate emulator emulator.* zoo zoo.* llm llm.gpt llm.convention llm.text "
               "llm.export model_sources")),
     ("transports", _modules("transports transports.* soc_detect telemetry farm.cooldown")),
-    ("runner", _modules("runner.client runner.server_client runner.qnn_net_run farm farm.* sizing")),
+    ("runner", _modules("runner.base runner.client runner.server_client runner.qnn_net_run farm farm.* sizing")),
     ("steps", _modules("steps steps.* soak charts validation baseline latency_ab llm.calibration llm.device "
                        "llm.steps llm.genie_steps llm.genie_config")),
     ("pipelines", _modules("pipeline_base pipeline llm.pipeline")),
@@ -52,7 +52,6 @@ LAZY_IMPORTERS = {"harness.plugin": "the pytest plugin: heavy imports inside hoo
 LAZY: dict[tuple[str, str], str] = {
     ("harness.transports", "harness.transports.ssh"): "paramiko, for SSH devices only",
     ("harness.transports", "harness.transports.adb"): "adbutils, for adb devices only",
-    ("harness.runner.client", "harness.transports.adb"): "adbutils, for qnn-net-run devices (over adb) only",
     ("harness.model_sources", "harness.zoo.tiny_gpt"): "tokenizers and scipy, for the built-in language model only",
     ("harness.baseline", "harness.model_sources"): "onnx (a zoo model's build), for the model hash only",
     ("harness.models", "harness.convert"): "onnx: model specs and options parse without it",

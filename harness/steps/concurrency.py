@@ -23,7 +23,8 @@ from harness import charts
 from harness.data import Feed
 from harness.kpi import Limit
 from harness.models import Thresholds
-from harness.runner.client import DeviceRunner, remote_model_path
+from harness.runner.base import remote_model_path
+from harness.runner.client import DeviceRunner
 from harness.soak import contention_note, host_contention
 from harness.steps.report import StepReport
 

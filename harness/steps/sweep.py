@@ -31,6 +31,7 @@ from harness.data import Dataset, Feed, feeds_digest
 from harness.errors import HarnessError, StepError
 from harness.kpi import Limit, check_all
 from harness.models import Thresholds
+from harness.runner.base import push_feeds, push_model
 from harness.runner.client import DeviceRunner, HtpRefusedError
 from harness.runner.device_runner import RUNNER_VERSION
 from harness.steps.inference import task_metric
@@ -185,7 +186,7 @@ def _candidate_kpis(model: Path, recipe: QuantRecipe, dataset: Dataset, referenc
 
     def build(out: Path) -> None:
         with push_lock or contextlib.nullcontext():
-            runner.push_model(model)
+            push_model(runner.transport, model)
         with device_lock or contextlib.nullcontext():
             try:
                 run = runner.run(model, dataset.evaluation, "htp")
@@ -280,7 +281,7 @@ def evaluate_all(recipes: list[QuantRecipe], model: Path, dataset: Dataset, refe
     """
     runner.deploy()
     with tempfile.TemporaryDirectory(prefix="harness-sweep-") as tmp:
-        runner.push_feeds(dataset.evaluation, Path(tmp))  # staged once, before the threads share it
+        push_feeds(runner.transport, dataset.evaluation, Path(tmp))  # staged once, before the threads share it
     push_lock = threading.Lock()
     first = evaluate_recipe(recipes[0], model, dataset, reference, runner, thresholds, cache, None, push_lock)
     device_lock = None if first.kpis.get("latency_source") == "simulator" else threading.Lock()
