@@ -19,6 +19,7 @@ from harness.farm.state import MAX_TRANSPORT_FAILURES, FarmState, Quarantine
 from harness.files import write_text_atomically
 from harness.json_values import json_default
 from harness.llm.pipeline import LlmOnboarding
+from harness.options import AccuracyOptions, ValidationOptions
 from harness.pipeline import Onboarding
 from harness.records import StepRecord
 from harness.runner.client import DeviceRunner
@@ -152,8 +153,8 @@ class HarnessSession:
     pool: DevicePool
     kpi_json: Path | None = None
     records: list[StepRecord] = field(default_factory=list)
-    accuracy: Any = None  # harness.steps.sweep.AccuracyOptions, set by harness.plugin.accuracy
-    validation: Any = None  # harness.validation.ValidationOptions, set by harness.plugin.validation
+    accuracy: AccuracyOptions = field(default_factory=AccuracyOptions)  # set by harness.plugin.accuracy
+    validation: ValidationOptions = field(default_factory=ValidationOptions)  # set by harness.plugin.validation
     onboardings: dict[str, Any] = field(default_factory=dict)
     locks: Any = None  # harness.farm.locks.DeviceLocks
     released: list[str] = field(default_factory=list)  # devices --unquarantine took out of the farm state

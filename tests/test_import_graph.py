@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
      _modules("runner.device_runner runner.llm_runner runner.genie_runner")),
     ("foundation: errors, files, records, KPI rules and statistics",
      _modules(". errors files records kpi stats repeats reasons metrics host_sessions shutdown transports.retry "
-              "runner clock json_values versions allure_names")),
+              "runner clock json_values versions allure_names options")),
     ("what is onboarded where: devices and SoCs, models, data, the cache, the conversion transforms, the emulated "
      "devices, the built-in models",
      _modules("devices models target data cache cache_check quantization quantization.* convert convert.* qnn_ops "
@@ -36,7 +36,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
               "llm.export model_sources")),
     ("transports", _modules("transports transports.* soc_detect telemetry farm.cooldown")),
     ("runner", _modules("runner.base runner.client runner.server_client runner.qnn_net_run farm farm.* sizing")),
-    ("steps", _modules("steps steps.* soak charts validation baseline latency_ab llm.calibration llm.device "
+    ("steps", _modules("steps steps.* soak charts baseline latency_ab llm.calibration llm.device "
                        "llm.steps llm.genie_steps llm.genie_config")),
     ("pipelines", _modules("pipeline_base pipeline llm.pipeline")),
     ("session and reports", _modules("session reporting summary allure_report signoff signoff.* profile_view "

@@ -13,6 +13,7 @@ import pytest
 
 from harness.emulator.device_time import CONTEXT_SWITCH_MS, DISPATCH_MS, modelled_latency
 from harness.models import Thresholds
+from harness.options import ConcurrencyOptions, SoakOptions
 from harness.runner.client import DeviceRunner, SoakSpec
 from harness.runner.device_runner import percentile, segment_windows, weighted_summary, window_stats
 from harness.soak import Window, host_contention, soak_run, stability_kpis
@@ -99,7 +100,7 @@ def test_soak_samples_the_device_on_the_runners_clock(devices, ctx, feeds, tmp_p
 
 @pytest.mark.parametrize("mode", ["threads", "processes"])
 def test_concurrent_sessions_of_two_models(sm8650_runner, ctx, qdq, feeds, tmp_path, mode):
-    from harness.steps.concurrency import ConcurrencyOptions, concurrency
+    from harness.steps.concurrency import concurrency
 
     report = concurrency([("ctx", ctx.model, feeds), ("qdq", qdq, feeds)], sm8650_runner, Thresholds(),
                          ConcurrencyOptions(sessions=3, duration_s=2.0, solo_duration_s=0.5, mode=mode),
@@ -122,7 +123,7 @@ def test_concurrent_sessions_of_two_models(sm8650_runner, ctx, qdq, feeds, tmp_p
 
 
 def test_two_sessions_of_one_model_share_the_modelled_htp(sm8650_runner, ctx, feeds, tmp_path):
-    from harness.steps.concurrency import ConcurrencyOptions, concurrency
+    from harness.steps.concurrency import concurrency
 
     report = concurrency([("ctx", ctx.model, feeds)], sm8650_runner, Thresholds(),
                          ConcurrencyOptions(sessions=2, duration_s=2.0, solo_duration_s=0.5), tmp_path, "emu")
@@ -135,7 +136,7 @@ def test_two_sessions_of_one_model_share_the_modelled_htp(sm8650_runner, ctx, fe
 # --- the sustained step: throttling found on the emulated device, limits that need readings --------------
 
 def test_sustained_finds_the_emulated_throttling_and_names_the_hottest_zone(devices, ctx, feeds, tmp_path):
-    from harness.steps.sustained import SoakOptions, sustained
+    from harness.steps.sustained import sustained
 
     # the same model as the catalog's, with a trip point the soak reaches in about 8 s from idle
     runner = _runner(devices, tmp_path / "emu", throttle_trip_c=60.0, throttle_clear_c=52.0)
@@ -209,7 +210,7 @@ def test_host_contention_is_a_labelled_note():
 
 def test_a_device_without_thermal_zones_or_power_leaves_those_limits_not_evaluated(devices, ctx, feeds, tmp_path):
     from harness.steps.energy import EnergyOptions, energy
-    from harness.steps.sustained import SoakOptions, sustained
+    from harness.steps.sustained import sustained
 
     runner = _runner(devices, tmp_path / "emu", telemetry={"thermal_dir": "/sys/no-such-dir", "power": False})
     report = sustained(ctx, feeds, runner, Thresholds(), SoakOptions(duration_s=5.0, cooldown_max_s=5.0),

@@ -22,8 +22,8 @@ import pytest
 import os
 
 from harness.errors import HarnessError
+from harness.options import bounded
 from harness.plugin import DEVICE_STATE_PROPERTY, SESSION_KEY, _KPIS_KEY
-from harness.plugin.option_types import bounded
 
 DEFAULT_TELEMETRY_INTERVAL_S = 0.5
 _SAMPLER_KEY = pytest.StashKey[object]()

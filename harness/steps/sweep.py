@@ -31,6 +31,7 @@ from harness.data import Dataset, Feed, feeds_digest
 from harness.errors import HarnessError, StepError
 from harness.kpi import Limit, check_all
 from harness.models import Thresholds
+from harness.options import SWEEP_MODES
 from harness.runner.base import push_feeds, push_model
 from harness.runner.client import DeviceRunner, HtpRefusedError
 from harness.runner.device_runner import RUNNER_VERSION
@@ -38,7 +39,6 @@ from harness.steps.inference import task_metric
 from harness.steps.ptq import QuantRecipe, compare_quantized, judge, quantize
 from harness.steps.report import StepReport
 
-SWEEP_MODES = ("off", "quick", "full")
 CALIBRATION_METHODS = ("MinMax", "Entropy", "Percentile")
 EIGHT_BIT = ("QUInt8", "QInt8")
 # onnxruntime's quantize_static runs entropy calibration with 128 histogram bins for 128 quantized
@@ -47,16 +47,6 @@ EIGHT_BIT = ("QUInt8", "QInt8")
 # (as TensorRT's entropy calibration does), passed to the quantizer as rmin/rmax overrides.
 ENTROPY_NUM_BINS = 2048
 ENTROPY_QUANTIZED_BINS = 128
-
-
-@dataclass(frozen=True)
-class AccuracyOptions:
-    """What the accuracy-recovery steps are asked to do (from the command line)."""
-
-    sweep: str = "quick"
-    encodings: dict = field(default_factory=dict)  # a parsed --quantization-overrides document
-    encodings_file: str = ""
-    error_isolation_samples: int = 4
 
 
 @dataclass
