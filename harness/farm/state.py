@@ -21,10 +21,6 @@ DEFAULT_QUARANTINE_HOURS = 24.0
 STATE_FORMAT = 1
 
 
-def _parse_iso(text: str) -> dt.datetime:
-    return dt.datetime.fromisoformat(text)
-
-
 @dataclass(frozen=True)
 class Quarantine:
     """Why and since when a device is kept out, and until when."""
@@ -36,7 +32,7 @@ class Quarantine:
 
     def active(self, at: dt.datetime | None = None) -> bool:
         """Return whether the quarantine has not expired at `at` (now by default)."""
-        return _parse_iso(self.expires) > (at or dt.datetime.now(dt.timezone.utc))
+        return dt.datetime.fromisoformat(self.expires) > (at or dt.datetime.now(dt.timezone.utc))
 
     def __str__(self) -> str:
         return f"{self.reason} (quarantined since {self.since}, until {self.expires})"
