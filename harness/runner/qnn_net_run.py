@@ -293,18 +293,19 @@ class QnnNetRun:
 
     def __init__(self, transport: Transport) -> None:
         self.transport = transport
-        self.files: QnnNetRunFiles | None = None  # once deployed
+        self.files: QnnNetRunFiles | None = None  # once deployed (the SDK's files pushed)
 
     def deploy(self) -> PushResult:
         """Push qnn-net-run and the HTP libraries (skipping those already there); return the totals."""
         sdk = getattr(self.transport, "qairt_sdk", None)
         if sdk is None:
             raise ConfigError(f"device '{self.transport.device_id}': no QAIRT SDK (set qairt_sdk: or QNN_SDK_ROOT)")
-        self.files = qnn_net_run_files(sdk, self.transport.soc.htp_arch)
+        files = qnn_net_run_files(sdk, self.transport.soc.htp_arch)
         sent = skipped = nbytes = 0
-        for local, remote in self.files.files:
+        for local, remote in files.files:
             r = self.transport.push(local, remote)
             sent, skipped, nbytes = sent + r.files_sent, skipped + r.files_skipped, nbytes + r.bytes_sent
+        self.files = files
         return PushResult(sent, skipped, nbytes)
 
     def argv(self, context_binary: str, input_list: str, output_dir: str, profiling_level: str = "off") -> list[str]:
@@ -345,7 +346,7 @@ class QnnNetRun:
             data_dir = posixpath.dirname(push_feeds(self.transport, feeds, tmp_dir / "in"))
             self._push_job_list(feeds, data_dir, job, tmp_dir)
             argv = self.argv(posixpath.relpath(f"{remote_dir}/{ctx.context_file.name}", job), "input_list.txt",
-                            "out", profiling_level)
+                             "out", profiling_level)
             out_dir = tmp_dir / "out"
             try:
                 result = self.transport.run(argv, timeout_s=timeout_s, cwd=job)
