@@ -116,7 +116,7 @@ def worse_encodings(model: str, work: Path, clip: float) -> Path:
 
     from harness.cache import DEFAULT_CACHE_DIR, ArtifactCache
     from harness.devices import load_devices_file
-    from harness.encodings import export_encodings, write_encodings
+    from harness.quantization.export import export_encodings, write_encodings
     from harness.models import resolve_models
     from harness.pipeline import Onboarding, Target
     from harness.runner.client import DeviceRunner

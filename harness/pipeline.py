@@ -13,10 +13,11 @@ from pathlib import Path
 from harness import sizing
 from harness.cache import ArtifactCache
 from harness.data import Dataset, Feed, with_evaluation_count
-from harness.encodings import exported_encodings
 from harness.errors import HarnessError, StepError
 from harness.model_sources import dataset_for, source_model
+from harness.options import AccuracyOptions, ValidationOptions
 from harness.pipeline_base import PipelineBase, memoized
+from harness.quantization.export import exported_encodings
 from harness.runner.client import DeviceRunner
 from harness.steps import context_binary, conversion, feasibility, float_baseline, profile, ptq, runtime
 from harness.steps import aimet_recovery, error_isolation, mixed_precision, promotion, sweep
@@ -25,17 +26,16 @@ from harness.steps.context_binary import ContextBinary
 from harness.steps.inference import host_reference
 from harness.steps.report import StepReport
 from harness.target import Target
-from harness.validation import ValidationOptions
 
 
 class Onboarding(PipelineBase):
     """Artifacts and step reports of a single-graph model (kind onnx) for one Target, computed on demand."""
 
     def __init__(self, target: Target, runner: DeviceRunner, cache: ArtifactCache,
-                 accuracy: "sweep.AccuracyOptions | None" = None,
+                 accuracy: AccuracyOptions | None = None,
                  validation: ValidationOptions | None = None) -> None:
         super().__init__(target, runner, cache, validation)
-        self.accuracy = accuracy or sweep.AccuracyOptions()
+        self.accuracy = accuracy or AccuracyOptions()
         self.recipe = ptq.QuantRecipe()
         if self.accuracy.encodings:  # --quantization-overrides: PTQ quantizes with the given encodings
             self.recipe = replace(self.recipe, encodings=self.accuracy.encodings,
@@ -241,7 +241,7 @@ class Onboarding(PipelineBase):
     def aimet_skip_reason(self) -> str | None:
         """Why the AIMET step does not run (None: it runs): --aimet off, the aimet extra missing, or (in auto
         mode) PTQ or mixed precision already met the KPI."""
-        mode = aimet_recovery.aimet_mode(self.accuracy)
+        mode = self.accuracy.aimet
         reason = aimet_recovery.skip_reason(mode, self._earlier_recovery_met)
         if reason is None and mode == "auto" and self._search_undecidable():
             return ("the evaluation samples cannot decide the accuracy KPI (see mixed_precision): no AIMET candidate "

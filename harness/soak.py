@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.errors import StepError
-from harness.runner.client import RunResult
+from harness.runner.base import RunResult
 from harness.steps.profile import latency_stats
 from harness.telemetry import (Sample, TripPoint, parse_battery_status, parse_sample, parse_trips, samples_csv,
                                zone_kind)

@@ -18,7 +18,7 @@ from harness.errors import ConfigError
 from harness.models import Thresholds
 from harness.repeats import min_unpaired_p, summary
 from harness.reporting.records import StepRecord
-from harness.steps.regression import compare, regression
+from harness.steps.regression import regression
 from model_builders import conv_classifier
 
 SUITES = Path(__file__).resolve().parent.parent / "suites"

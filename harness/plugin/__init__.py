@@ -82,7 +82,8 @@ def _build_session(config: pytest.Config):
     from harness.devices import load_devices_file
     from harness.models import resolve_models
     from harness.target import Target
-    from harness.farm import DeviceLocks, FarmState
+    from harness.farm.locks import DeviceLocks
+    from harness.farm.state import FarmState
     from harness.session import DevicePool, HarnessSession
 
     opt = config.option

@@ -22,8 +22,8 @@ import pytest
 import os
 
 from harness.errors import HarnessError
+from harness.options import bounded
 from harness.plugin import DEVICE_STATE_PROPERTY, SESSION_KEY, _KPIS_KEY
-from harness.plugin.option_types import bounded
 
 DEFAULT_TELEMETRY_INTERVAL_S = 0.5
 _SAMPLER_KEY = pytest.StashKey[object]()
@@ -33,7 +33,8 @@ _interval = bounded(float, 0, "an interval in seconds (0 turns telemetry off)")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    from harness.farm import DEFAULT_MIN_FREE_MB, DEFAULT_QUARANTINE_HOURS
+    from harness.farm.health import DEFAULT_MIN_FREE_MB
+    from harness.farm.state import DEFAULT_QUARANTINE_HOURS
 
     group = parser.getgroup("snapdragon")
     group.addoption("--telemetry-interval", type=_interval, default=DEFAULT_TELEMETRY_INTERVAL_S, metavar="SECONDS",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.plugin.option_types import bounded, seconds
+from harness.options import bounded, seconds
 
 _count = bounded(int, 1, "a positive whole number of iterations")
 _warmup = bounded(int, 0, "a whole number of warm-up runs (0 or more)")

@@ -644,7 +644,7 @@ def emulated_latencies(args, models):
 
 
 def shared_latency_s(latencies_s):
-    """Return one round of an HTP shared by sessions of these latencies (device_time.shared_latency_ms)."""
+    """Return one round of an HTP shared by sessions of these latencies (plus a context switch each if several)."""
     switch_s = CONTEXT_SWITCH_S * len(latencies_s) if len(latencies_s) > 1 else 0.0
     return sum(latencies_s) + switch_s
 

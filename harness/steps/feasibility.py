@@ -17,7 +17,8 @@ from harness.errors import DeviceLostError, DeviceTimeoutError, RunnerError
 from harness.placement import QDQ_OPS, group_nodes, refused_nodes
 from harness.qnn_ops import (CONTROL_FLOW_OPS, QNN_EP_OPS_SOURCE, REMOVED_BEFORE_PLACEMENT, GraphNode,
                              outside_qnn_ep, walk_nodes)
-from harness.runner.client import DeviceRunner, HtpRefusedError, NodePlacement
+from harness.runner.base import NodePlacement
+from harness.runner.client import DeviceRunner, HtpRefusedError
 from harness.steps.report import StepReport
 
 _TOKEN_SUFFIX = re.compile(r"^(?P<base>.+?)(_token_\d+)+$")

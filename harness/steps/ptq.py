@@ -12,12 +12,12 @@ import numpy as np
 
 from harness.cache import ArtifactCache, content_key
 from harness.data import Dataset, Feed, feeds_digest
-from harness.encodings import recipe_overrides
 from harness.errors import StepError
 from harness import stats
 from harness.kpi import INTERVALS_KEY, Limit
 from harness.metrics import cosine_from_sums, cosine_similarity, mean_abs_error, sample_sums, sqnr_db, sqnr_from_sums
 from harness.models import Thresholds
+from harness.quantization.overrides import recipe_overrides
 from harness.runner.client import DeviceRunner, HtpRefusedError
 from harness.steps.inference import reference_warning, stacked, task_metric, task_outcomes
 from harness.steps.report import StepReport
@@ -59,7 +59,7 @@ def quantize(model: Path, calibration: list[Feed], recipe: QuantRecipe, cache: A
         from onnxruntime.quantization import CalibrationMethod, QuantType
         from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
-        from harness.calibration import FeedReader
+        from harness.quantization.calibration import FeedReader
 
         try:
             config = get_qnn_qdq_config(

@@ -1,14 +1,77 @@
-"""Step 7's run lengths: what a user sets (--soak-duration, --cooldown-max-s, --concurrency,
---energy-inferences) over defaults that depend on the device: short on the harness's emulated devices
-(the local emulator and the emulated adb phone), long enough on real adb/SSH devices to heat them."""
+"""The options a run is given: the plugin parses them (the argparse `type=` parsers below make a bad value a usage
+error) and the run's HarnessSession holds them (AccuracyOptions, ValidationOptions), which every pipeline gets.
+
+Step 7's run lengths are what a user sets (--soak-duration, --cooldown-max-s, --concurrency, --energy-inferences)
+over defaults that depend on the device: short on the harness's emulated devices (the local emulator and the
+emulated adb phone), long enough on real adb/SSH devices to heat them (ValidationOptions.soak / .concurrency).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import argparse
+import math
+from dataclasses import dataclass, field
+from typing import Callable
 
 from harness.errors import ConfigError
-from harness.steps.concurrency import ConcurrencyOptions
-from harness.steps.sustained import WINDOW_S, SoakOptions
+
+SWEEP_MODES = ("off", "quick", "full")
+AIMET_MODES = ("auto", "on", "off")
+WINDOW_S = 5.0  # the soak's statistics window
+
+
+def bounded(kind: type, minimum: float, what: str) -> Callable[[str], float]:
+    """Return a parser turning text into a finite kind (int or float) >= minimum.
+
+    Anything else raises argparse.ArgumentTypeError("'TEXT' is not WHAT"), which pytest reports
+    as a usage error naming the option.
+    """
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not math.isfinite(value) or value < minimum:
+            raise argparse.ArgumentTypeError(f"'{text}' is not {what}")
+        return value
+
+    parse.__name__ = what.replace(" ", "_")
+    return parse
+
+
+seconds = bounded(float, 0, "a duration in seconds (0 or more)")
+positive_seconds = bounded(float, 1e-9, "a duration in seconds (more than 0)")
+
+
+@dataclass(frozen=True)
+class AccuracyOptions:
+    """What the accuracy-recovery steps are asked to do (--sweep, --quantization-overrides, --aimet)."""
+
+    sweep: str = "quick"
+    encodings: dict = field(default_factory=dict)  # a parsed --quantization-overrides document
+    encodings_file: str = ""
+    error_isolation_samples: int = 4
+    aimet: str = "auto"  # the AIMET step's mode
+
+
+@dataclass(frozen=True)
+class SoakOptions:
+    """How long to soak and cool down, and how often to sample the device."""
+
+    duration_s: float
+    cooldown_max_s: float
+    window_s: float = WINDOW_S
+    telemetry_interval_s: float = 0.5
+
+
+@dataclass(frozen=True)
+class ConcurrencyOptions:
+    """How many sessions, for how long, and how long each model runs alone first."""
+
+    sessions: int
+    duration_s: float
+    solo_duration_s: float
+    mode: str = "threads"
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from harness.data import Feed
 
 
 class FeedReader(CalibrationDataReader):
-    """A CalibrationDataReader over a list of feeds, rewindable."""
+    """A CalibrationDataReader over a list of feeds."""
 
     def __init__(self, feeds: list[Feed]) -> None:
         self._feeds = feeds
@@ -19,6 +19,3 @@ class FeedReader(CalibrationDataReader):
             return None
         self._index += 1
         return self._feeds[self._index - 1]
-
-    def rewind(self) -> None:
-        self._index = 0
