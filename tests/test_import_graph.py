@@ -31,8 +31,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
               "runner clock json_values versions allure_names")),
     ("what is onboarded where: devices and SoCs, models, data, the cache, the conversion transforms, the emulated "
      "devices, the built-in models",
-     _modules("devices models target data calibration cache cache_check encodings convert convert.* qnn_ops "
-              "placement profiling estimate emulator emulator.* zoo zoo.* llm llm.gpt llm.convention llm.text "
+     _modules("devices models target data calibration cache cache_check encodings prequantized convert convert.* "
+              "qnn_ops placement profiling estimate emulator emulator.* zoo zoo.* llm llm.gpt llm.convention llm.text "
               "llm.export model_sources")),
     ("transports", _modules("transports transports.* soc_detect telemetry cooldown")),
     ("runner", _modules("runner.client runner.server_client runner.qnn_net_run farm sizing")),
