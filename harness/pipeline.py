@@ -160,7 +160,10 @@ class Onboarding(PipelineBase):
         """Step 1 report: placement of what ships, the converted float graph (where the HTP has FP16)
         and its 8-bit QDQ form as PTQ quantizes it (same recipe and calibration, so PTQ reuses it); a model that
         arrives quantized is placed as it is, its float model beside it, and its encodings checked for the HTP."""
-        own = self.own_quantization()
+        try:
+            own = self.own_quantization()
+        except prequantized.InexactQuantization as e:
+            return feasibility.inexact_quantization(e)
         if own is not None:
             report = feasibility.check_feasibility(own.float_model, self.target.soc, self.runner, self.thresholds,
                                                    quantized_model=own.model, own_quantization=True)

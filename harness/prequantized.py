@@ -44,6 +44,14 @@ _TYPES = {TensorProto.UINT8: ("uint8", 8, False), TensorProto.INT8: ("int8", 8, 
           TensorProto.INT2: ("int2", 2, True)}
 
 
+class InexactQuantization(ModelError):
+    """A model quantized in a form no static QDQ model expresses exactly; `nodes` are (name, op type) pairs."""
+
+    def __init__(self, message: str, nodes: list[tuple[str, str]]) -> None:
+        super().__init__(message)
+        self.nodes = nodes
+
+
 @dataclass(frozen=True)
 class TensorEncoding:
     """The encoding of one quantized tensor of a model: real = (q - zero_point) * scale."""
@@ -452,10 +460,11 @@ def to_qdq(model: onnx.ModelProto, where: str) -> tuple[onnx.ModelProto, list[st
                "inference), which the HTP's static encodings cannot express exactly" if dynamic else
                "quantized with operators that have no exact QDQ form the HTP takes")
         names = ", ".join(f"{n.name or '?'} ({n.op_type})" for n in inexact[:8])
-        raise ModelError(f"{where} is {why}: {len(inexact)} node(s) of op types {', '.join(ops)}: {names}"
-                         f"{' ...' if len(inexact) > 8 else ''}. Onboard the float model it was quantized from "
-                         "(the harness quantizes it statically for the HTP), or export a static QDQ model "
-                         "(onnxruntime's quantize_static with QuantFormat.QDQ, AIMET, a QAT export)")
+        raise InexactQuantization(
+            f"{where} is {why}: {len(inexact)} node(s) of op types {', '.join(ops)}: {names}"
+            f"{' ...' if len(inexact) > 8 else ''}. Onboard the float model it was quantized from (the harness "
+            "quantizes it statically for the HTP), or export a static QDQ model (onnxruntime's quantize_static "
+            "with QuantFormat.QDQ, AIMET, a QAT export)", [(n.name, n.op_type) for n in inexact])
     if not any(n.op_type in QLINEAR for n in model.graph.node):
         return model, []
     rewriter = _Rewriter(model)

@@ -131,7 +131,7 @@ def test_qoperator_model_is_rewritten_to_qdq_with_identical_outputs(models, cach
         np.testing.assert_allclose(outputs(own.model, x), outputs(models["QDQ"], x), atol=1e-6)
 
 
-def test_run_time_quantization_is_named_with_what_to_do(models, tmp_path):
+def test_run_time_quantization_is_named_with_what_to_do(models, tmp_path, devices, sm8650_runner, cache):
     from onnxruntime.quantization import quantize_dynamic
 
     # a MatMul model: quantize_dynamic writes DynamicQuantizeLinear + MatMulInteger
@@ -147,6 +147,15 @@ def test_run_time_quantization_is_named_with_what_to_do(models, tmp_path):
     message = str(e.value)
     assert "model 'mm' is quantized at run time" in message and "DynamicQuantizeLinear" in message
     assert "MatMulInteger" in message and "Onboard the float model" in message
+    # feasibility fails naming the nodes and op types; conversion cannot start from a float model
+    dev = devices.select(["sm8650-emu"])[0]
+    path = tmp_path / "mm_dynamic.onnx"
+    spec = ModelSpec(name="mm", source=str(path), path=path, input_shapes={"x": (4, 16)})
+    onb = Onboarding(Target(dev, devices.soc(dev.soc), spec), sm8650_runner, cache)
+    report = onb.feasibility()
+    assert not report.passed and report.kpis["unsupported_ops"] == ["DynamicQuantizeLinear", "MatMulInteger"]
+    with pytest.raises(ModelError, match="quantized at run time"):
+        onb.conversion()
 
 
 def _edited(path: Path, tmp: Path, edit) -> onnx.ModelProto:

@@ -15,6 +15,7 @@ from harness.kpi import Limit
 from harness.models import Thresholds
 from harness.errors import DeviceLostError, DeviceTimeoutError, RunnerError
 from harness.placement import QDQ_OPS, group_nodes, refused_nodes
+from harness.prequantized import InexactQuantization
 from harness.qnn_ops import (CONTROL_FLOW_OPS, QNN_EP_OPS_SOURCE, REMOVED_BEFORE_PLACEMENT, GraphNode,
                              outside_qnn_ep, walk_nodes)
 from harness.runner.client import DeviceRunner, HtpRefusedError, NodePlacement
@@ -248,6 +249,17 @@ def check_feasibility(model_path: Path, soc: SocSpec, runner: DeviceRunner, thre
     if act_bytes_int8 > soc.vtcm_bytes:
         report.notes.append(f"largest activation '{act_name}' is {act_bytes_int8 / 2**20:.1f} MiB at 8 bits, "
                             f"more than the {soc.vtcm_mb:g} MiB VTCM: expect tiling and DDR traffic")
+    return report
+
+
+def inexact_quantization(error: InexactQuantization) -> StepReport:
+    """Return the feasibility report of a model quantized in a form the HTP cannot run and no static QDQ model
+    expresses exactly (run-time quantization): failed, naming its nodes and op types."""
+    report = StepReport("feasibility")
+    report.kpis = {"prequantized": True, "quantization_form": "not static QDQ",
+                   "unsupported_ops": sorted({op for _, op in error.nodes}),
+                   "unsupported_nodes": [name for name, _ in error.nodes]}
+    report.failures.append(str(error))
     return report
 
 
