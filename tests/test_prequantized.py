@@ -243,3 +243,27 @@ def test_bad_encodings_fail_feasibility_and_ptq_naming_the_tensor(models, device
     # the QNN EP cannot run it ('was not selected by that EP'): PTQ says which encoding first
     with pytest.raises(StepError, match="(?s)weight 'w2_quantized'.*only symmetric.*the HTP run failed"):
         onb.ptq()
+
+
+def test_a_real_graph_quantized_by_onnxruntime_is_taken_as_it_is(devices, sm8650_runner, cache, tmp_path):
+    """mtcnn_onet (a real Caffe-era export, NHWC, PReLU) quantized by onnxruntime's QNN config at 16-bit activations:
+    not a real quantized export, but a real graph; given back to the harness, its encodings are its own."""
+    from real_models_helpers import real_model_path
+
+    shapes = {"input_3": (1, 48, 48, 3)}
+    dev = devices.select(["sm8650-emu"])[0]
+    source = real_model_path("mtcnn_onet")
+    spec = ModelSpec(name="mtcnn_onet", source=str(source), path=source, input_shapes=shapes)
+    float_onb = Onboarding(Target(dev, devices.soc(dev.soc), spec), sm8650_runner, cache)
+    recipe = ptq.QuantRecipe(activation_type="QUInt16", per_channel=True, weight_type="QInt8")
+    given = tmp_path / "onet_a16.onnx"
+    given.write_bytes(ptq.quantize(float_onb.converted_model(), float_onb.calibration()[:4], recipe, cache).read_bytes())
+    spec = ModelSpec(name="onet_a16", source=str(given), path=given, input_shapes=shapes)
+    onb = Onboarding(Target(dev, devices.soc(dev.soc), spec), sm8650_runner, cache)
+    feasibility = onb.feasibility()
+    assert feasibility.passed, feasibility.failures
+    assert feasibility.kpis["encodings_by_kind"]["activation"] == {"uint16": feasibility.kpis["encodings_by_kind"]
+                                                                   ["activation"]["uint16"]}
+    assert feasibility.kpis["per_channel_weights"] > 0 and feasibility.kpis["encoding_problems"] == []
+    report = onb.ptq()
+    assert report.kpis["recipe"] == "the model's own encodings (QDQ)" and report.kpis["cosine_similarity"] > 0.99
