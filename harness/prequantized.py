@@ -68,6 +68,7 @@ class TensorEncoding:
     channels: int = 1
     block_size: int = 0
     consumer: str = ""  # 'Conv conv1' for a weight: the op it feeds
+    output_axis: int | None = None  # for a weight: its consumer's output-channel axis, where known
 
     @property
     def symmetric(self) -> bool:
@@ -163,53 +164,45 @@ def _qtype(node: onnx.NodeProto, consts: dict) -> int:
 
 def read_encodings(model: onnx.ModelProto) -> list[TensorEncoding]:
     """Return the encoding of every quantized tensor of a QDQ model: activations from their QuantizeLinear
-    (or the DequantizeLinear of a quantized graph input), weights and biases from the DequantizeLinear of
-    their constant, with the per-channel axis and the op each weight feeds."""
+    (or the DequantizeLinear of a quantized graph input), weights and biases from the Q/DQ of their constant,
+    with the per-channel axis, the op each weight feeds and that op's output-channel axis."""
     consts = _consts(model)
     produced = {o for n in model.graph.node for o in n.output}
-    consumers: dict[str, list[onnx.NodeProto]] = {}
+    consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
     for n in model.graph.node:
-        for i in n.input:
-            consumers.setdefault(i, []).append(n)
+        for index, i in enumerate(n.input):
+            consumers.setdefault(i, []).append((n, index))
     result = []
     for node in model.graph.node:
-        if node.op_type not in QDQ:
-            continue
-        data = node.input[0]
-        if node.op_type == "DequantizeLinear" and data in produced and data not in consts:
-            continue  # an activation's DQ: its QuantizeLinear carries the encoding
+        data = node.input[0] if node.op_type in QDQ else ""
+        if not data or node.op_type == "DequantizeLinear" and data in produced and data not in consts:
+            continue  # not Q/DQ, or an activation's DQ: its QuantizeLinear carries the encoding
         scale = numpy_helper.to_array(consts[node.input[1]]) if node.input[1] in consts else np.array([np.nan])
         zero = (numpy_helper.to_array(consts[node.input[2]]).astype(np.int64)
                 if len(node.input) > 2 and node.input[2] in consts else np.zeros(1, np.int64))
         qtype = _qtype(node, consts)
         dtype, bits, signed = _TYPES.get(qtype, (helper.tensor_dtype_to_string(qtype).split(".")[-1].lower(), 0,
                                                   True))
-        kind, tensor, consumer = "activation", data, ""
-        if node.op_type == "DequantizeLinear" and data in consts:
-            kind = "bias" if bits == 32 else "weight"
-            feeds = consumers.get(node.output[0], [])
-            consumer = f"{feeds[0].op_type} {feeds[0].name}" if feeds else ""
-        per_channel = scale.size > 1
         rank = len(consts[data].dims) if data in consts else 0
-        axis = _attr(node, "axis", 1) if per_channel else None
-        if axis is not None and axis < 0 and rank:
-            axis += rank
+        axis = _attr(node, "axis", 1) % max(rank, 1) if scale.size > 1 else None
+        kind, consumer, output_axis = "activation", "", None
+        if data in consts:  # a weight: follow a Q -> DQ pair on it to the op it feeds
+            after = consumers.get(node.output[0], [])
+            if node.op_type == "QuantizeLinear" and after:
+                after = consumers.get(after[0][0].output[0], [])
+            kind = "bias" if bits == 32 else "weight"
+            if after:
+                consumer = f"{after[0][0].op_type} {after[0][0].name}"
+                output_axis = aimet_channel_axis(after[0][0], after[0][1], rank)
         result.append(TensorEncoding(
-            tensor, kind, dtype, bits, signed, float(np.nanmin(scale)), float(np.nanmax(scale)),
+            data, kind, dtype, bits, signed, float(np.nanmin(scale)), float(np.nanmax(scale)),
             tuple(sorted({int(z) for z in zero.ravel()})), axis, int(scale.size), int(_attr(node, "block_size", 0)),
-            consumer))
+            consumer, output_axis))
     return result
 
 
-def htp_problems(model: onnx.ModelProto, encodings: list[TensorEncoding]) -> list[str]:
+def htp_problems(encodings: list[TensorEncoding]) -> list[str]:
     """Return one sentence per encoding the HTP cannot take, naming the tensor and the rule broken."""
-    consts = _consts(model)
-    feeds: dict[str, tuple[onnx.NodeProto, int]] = {}
-    for n in model.graph.node:
-        for index, i in enumerate(n.input):
-            feeds.setdefault(i, (n, index))
-    weights = {n.input[0]: (*feeds[n.output[0]], len(consts[n.input[0]].dims)) for n in model.graph.node
-               if n.op_type == "DequantizeLinear" and n.input[0] in consts and n.output[0] in feeds}
     problems = []
     for e in encodings:
         what = f"{e.kind} '{e.tensor}' ({e.describe()}{', feeding ' + e.consumer if e.consumer else ''})"
@@ -226,13 +219,9 @@ def htp_problems(model: onnx.ModelProto, encodings: list[TensorEncoding]) -> lis
         elif e.block_size:
             problems.append(f"{what}: blockwise quantization (block_size {e.block_size}) has no QDQ form the "
                             "QNN EP takes; quantize per channel")
-        if e.kind == "weight" and e.axis is not None and e.tensor in weights:
-            node, index, rank = weights[e.tensor]
-            expected = aimet_channel_axis(node, index, rank)
-            if expected is not None and expected != e.axis:
-                problems.append(f"{what}: quantized per channel on axis {e.axis}, but {node.op_type} "
-                                f"'{node.name}' has its output channels on axis {expected}: the HTP quantizes "
-                                "weights per output channel")
+        if e.kind == "weight" and e.axis is not None and e.output_axis not in (None, e.axis):
+            problems.append(f"{what}: quantized per channel on axis {e.axis}, but {e.consumer} has its output "
+                            f"channels on axis {e.output_axis}: the HTP quantizes weights per output channel")
     return problems
 
 
@@ -266,34 +255,32 @@ def float_form(model: onnx.ModelProto) -> onnx.ModelProto:
     consts = _consts(model)
     outputs = {o.name for o in graph.output}
     rename: dict[str, str] = {}
-    drop: set[int] = set()
+    drop: set[int] = set()  # ids of the nodes removed
     new_inits = []
     consumers: dict[str, list[onnx.NodeProto]] = {}
     for n in graph.node:
         for i in n.input:
             consumers.setdefault(i, []).append(n)
-    for index, node in enumerate(graph.node):
+    for node in graph.node:
         if node.op_type == "DequantizeLinear" and all(i in consts for i in node.input if i) \
                 and node.output[0] not in outputs:
             new_inits.append(numpy_helper.from_array(_dequantize(node, consts), node.output[0]))
-            drop.add(index)
+            drop.add(id(node))
         elif node.op_type == "QuantizeLinear" and node.output[0] not in outputs:
             deqs = consumers.get(node.output[0], [])
             if deqs and all(d.op_type == "DequantizeLinear" for d in deqs):
-                drop.add(index)
+                drop.update(id(d) for d in (node, *deqs))
                 for d in deqs:
                     rename[d.output[0]] = node.input[0]
-    keep = {id(n) for i, n in enumerate(graph.node) if i not in drop}
 
     def resolve(name: str) -> str:
         while name in rename:
             name = rename[name]
         return name
 
-    dropped_dq = {d.output[0] for d in graph.node if d.output and d.output[0] in rename}
     nodes = []
     for n in graph.node:
-        if id(n) not in keep or (n.op_type == "DequantizeLinear" and n.output[0] in dropped_dq):
+        if id(n) in drop:
             continue
         n.input[:] = [resolve(i) if i else i for i in n.input]
         nodes.append(n)
@@ -346,7 +333,7 @@ class _Rewriter:
                                            name=self._name(f"{out}_QuantizeLinear")))
         self.params[out] = (scale, zero)
 
-    def weight_axis(self, tensor: str, scale: str, axis: int) -> int | None:
+    def weight_axis(self, scale: str, axis: int) -> int | None:
         size = int(np.prod(self.consts[scale].dims)) if scale in self.consts else 1
         return axis if size > 1 else None
 
@@ -363,12 +350,12 @@ class _Rewriter:
             (x, xs, xz, w, ws, wz, ys, yz), bias = ins[:8], ins[8:]
             rank = len(self.consts[w].dims) if w in self.consts else 2
             axis = 0 if op == "Conv" else rank - 1
-            floats = [self.dq(x, xs, xz), self.dq(w, ws, wz, self.weight_axis(w, ws, axis))]
+            floats = [self.dq(x, xs, xz), self.dq(w, ws, wz, self.weight_axis(ws, axis))]
             if bias and bias[0]:
                 floats.append(self._bias(bias[0], xs, ws))
         elif node.op_type == "QGemm":  # A, B, C (int32 bias at A x B scale), then the output's (absent: float)
             (a, as_, az, b, bs, bz), rest = ins[:6], ins[6:] + ["", "", ""]
-            floats = [self.dq(a, as_, az), self.dq(b, bs, bz, self.weight_axis(b, bs, 1 - attrs.get("transB", 0)))]
+            floats = [self.dq(a, as_, az), self.dq(b, bs, bz, self.weight_axis(bs, 1 - attrs.get("transB", 0)))]
             if rest[0]:
                 floats.append(self._bias(rest[0], as_, bs))
             ys, yz = rest[1], rest[2]
@@ -502,7 +489,7 @@ def analyse(fixed_model: Path, source_model: Path, cache: ArtifactCache, where: 
     fixed = onnx.load(str(fixed_model))
     if not quantized_nodes(fixed):
         return None
-    key = content_key("prequantized-v1", fixed_model, source_model, onnx.__version__)
+    key = content_key("prequantized-v2", fixed_model, source_model, onnx.__version__)
 
     def build(out: Path) -> None:
         qdq, rewritten = to_qdq(fixed, where)
@@ -515,7 +502,7 @@ def analyse(fixed_model: Path, source_model: Path, cache: ArtifactCache, where: 
         encodings = read_encodings(qdq)
         (out / "encodings.json").write_text(json.dumps({
             "form": "QOperator, rewritten to QDQ" if rewritten else "QDQ", "rewritten": rewritten,
-            "encodings": [asdict(e) for e in encodings], "problems": htp_problems(qdq, encodings)}, indent=1))
+            "encodings": [asdict(e) for e in encodings], "problems": htp_problems(encodings)}, indent=1))
 
     entry = cache.entry("prequantized", key, build).path
     saved = json.loads((entry / "encodings.json").read_text())

@@ -40,7 +40,8 @@ def cnn(path: Path) -> Path:
              helper.make_node("Gemm", ["f", "fc_w", "fc_b"], ["logits"], transB=1, name="fc")]
     graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 16, 16])],
                               [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 10])],
-                              [w("w1", (8, 3, 3, 3)), w("b1", (8,), 0.1), w("w2", (8, 8, 3, 3), 0.1), w("b2", (8,), 0.1),
+                              [w("w1", (8, 3, 3, 3)), w("b1", (8,), 0.1), w("w2", (8, 8, 3, 3), 0.1),
+                               w("b2", (8,), 0.1),
                                w("fc_w", (10, 8)), w("fc_b", (10,), 0.1)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 9
@@ -169,7 +170,7 @@ def test_bad_encodings_name_the_tensor_and_the_rule(models, tmp_path):
         zp = inits["w1_zero_point"]
         zp.CopyFrom(numpy_helper.from_array(np.full(numpy_helper.to_array(zp).shape, 3, np.int8), zp.name))
 
-    problems = htp_problems(model := _edited(models["QDQ"], tmp_path, asymmetric), read_encodings(model))
+    problems = htp_problems(read_encodings(_edited(models["QDQ"], tmp_path, asymmetric)))
     assert len(problems) == 1 and "weight 'w1_quantized'" in problems[0] and "Conv conv1" in problems[0]
     assert "only symmetric (zero point 0)" in problems[0]
 
@@ -178,15 +179,17 @@ def test_bad_encodings_name_the_tensor_and_the_rule(models, tmp_path):
         zp.CopyFrom(numpy_helper.from_array(np.array(0, dtype=np.uint8), zp.name))
         zp.data_type = TensorProto.UINT4
 
-    problems = htp_problems(model := _edited(models["QDQ"], tmp_path, four_bit_activation), read_encodings(model))
+    problems = htp_problems(read_encodings(_edited(models["QDQ"], tmp_path, four_bit_activation)))
     assert "activation 'r1' (uint4 per tensor)" in problems[0]  # and p1, which MaxPool ties to it
     assert all("8 or 16 bits, not uint4" in p for p in problems)
 
     def wrong_axis(model, inits):  # per-channel along the input channels of conv2 (8 x 8 weight: both fit)
         next(n for n in model.graph.node if n.name == "w2_DequantizeLinear").attribute[0].i = 1
 
-    problems = htp_problems(model := _edited(models["QDQ"], tmp_path, wrong_axis), read_encodings(model))
-    assert problems and "quantized per channel on axis 1" in problems[0] and "output channels on axis 0" in problems[0]
+    problems = htp_problems(read_encodings(_edited(models["QDQ"], tmp_path, wrong_axis)))
+    assert problems == ["weight 'w2_quantized' (int8 per channel (axis 1, 8 channels) symmetric, feeding Conv conv2): "
+                        "quantized per channel on axis 1, but Conv conv2 has its output channels on axis 0: the HTP "
+                        "quantizes weights per output channel"]
 
 
 def test_generated_qdq_model_is_checked_naming_the_node(models, tmp_path):
@@ -257,7 +260,8 @@ def test_a_real_graph_quantized_by_onnxruntime_is_taken_as_it_is(devices, sm8650
     float_onb = Onboarding(Target(dev, devices.soc(dev.soc), spec), sm8650_runner, cache)
     recipe = ptq.QuantRecipe(activation_type="QUInt16", per_channel=True, weight_type="QInt8")
     given = tmp_path / "onet_a16.onnx"
-    given.write_bytes(ptq.quantize(float_onb.converted_model(), float_onb.calibration()[:4], recipe, cache).read_bytes())
+    quantized_by_ort = ptq.quantize(float_onb.converted_model(), float_onb.calibration()[:4], recipe, cache)
+    given.write_bytes(quantized_by_ort.read_bytes())
     spec = ModelSpec(name="onet_a16", source=str(given), path=given, input_shapes=shapes)
     onb = Onboarding(Target(dev, devices.soc(dev.soc), spec), sm8650_runner, cache)
     feasibility = onb.feasibility()
