@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
@@ -110,9 +110,7 @@ def check_save_dir(root: Path) -> None:
     """Raise ConfigError unless root (--save-baseline) is, or can be created as, a writable directory
     (nothing is created here: that happens when the baselines are saved)."""
     probe = root
-    while not probe.exists():
-        if probe.parent == probe:
-            break
+    while not probe.exists() and probe.parent != probe:
         probe = probe.parent
     if probe != root and not probe.is_dir():
         raise ConfigError(f"--save-baseline {root}: cannot create it, {probe} is a file, not a directory")
@@ -243,9 +241,7 @@ class KpiVerdict:
     def as_dict(self) -> dict[str, Any]:
         """The verdict as a `verdicts` KPI row: kpi, step, baseline, current, delta, delta_pct, verdict,
         p_value, rule."""
-        return {"kpi": self.kpi, "step": self.step, "baseline": self.baseline, "current": self.current,
-                "delta": self.delta, "delta_pct": self.delta_pct, "verdict": self.verdict,
-                "p_value": self.p_value, "rule": self.rule}
+        return {k: v for k, v in asdict(self).items() if k not in ("unit", "detail")}
 
     def message(self) -> str:
         """Return the verdict in one line, e.g. 'profile latency_ms.p50 regressed: 2.61 -> 3.4 ms (+30.3%,
@@ -316,9 +312,7 @@ def compare_lower(step: str, kpi: str, baseline: float | None, current: float | 
 
 
 def _relative_verdict(baseline: float, current: float, threshold: float) -> str:
-    if baseline == 0:
-        return "unchanged" if current == 0 else "regressed" if current > 0 else "improved"
-    rel = (current - baseline) / abs(baseline)
+    rel = _relative(baseline, current)
     return "regressed" if rel > threshold else "improved" if rel < -threshold else "unchanged"
 
 

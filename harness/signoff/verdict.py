@@ -124,13 +124,10 @@ def expected_steps(runs: RunSet, rule: str = "seen") -> tuple[list[str], str]:
 
 def regression_deltas(record: StepRecord) -> list[KpiDelta]:
     """Return the KPI verdicts of a regression step's record (empty when it has none)."""
-    out = []
-    for v in record.kpis.get("verdicts") or []:
-        if isinstance(v, dict) and v.get("kpi"):
-            out.append(KpiDelta(record.device, record.model, str(v.get("step") or ""), str(v["kpi"]),
-                                v.get("baseline"), v.get("current"), v.get("delta"), v.get("delta_pct"),
-                                str(v.get("verdict") or ""), v.get("p_value"), str(v.get("rule") or "")))
-    return out
+    return [KpiDelta(record.device, record.model, str(v.get("step") or ""), str(v["kpi"]), v.get("baseline"),
+                     v.get("current"), v.get("delta"), v.get("delta_pct"), str(v.get("verdict") or ""),
+                     v.get("p_value"), str(v.get("rule") or ""))
+            for v in record.kpis.get("verdicts") or [] if isinstance(v, dict) and v.get("kpi")]
 
 
 def decide(runs: RunSet, rule: str = "seen") -> ReleaseVerdict:

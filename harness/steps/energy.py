@@ -27,7 +27,7 @@ from harness.kpi import INTERVALS_KEY, Interval, Limit
 from harness.models import Thresholds
 from harness.repeats import summary
 from harness.runner.client import DeviceRunner, SoakSpec
-from harness.soak import contention_note, host_contention, mean_power_w, soak_run
+from harness.soak import contention_notes, host_contention, mean_power_w, soak_run
 from harness.steps.context_binary import ContextBinary
 from harness.steps.report import StepReport
 
@@ -104,9 +104,7 @@ def energy(ctx: ContextBinary, feeds: list[Feed], runner: DeviceRunner, threshol
         report.kpis.update(emulated_latency=run.report.get("emulated"), simulator_inferences=len(soak.iteration_s),
                            simulator_duration_s=run.report["soak"].get("simulator_duration_s"),
                            host_contention=contention)
-        note = contention_note(contention)
-        if note:
-            report.notes.append(note)
+        report.notes.extend(contention_notes(contention))
     if thresholds.max_energy_per_inference_mj is not None:
         report.limits.append(Limit("energy_per_inference_mj", maximum=thresholds.max_energy_per_inference_mj,
                                    required=False, detail=f"{source} power" if not unusable else unusable[:80]))

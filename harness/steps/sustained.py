@@ -25,7 +25,7 @@ from harness.options import SoakOptions
 from harness.reporting import charts
 from harness.runner.client import DeviceRunner, SoakSpec
 from harness.soak import (
-    contention_note,
+    contention_notes,
     host_contention,
     soak_run,
     stability_kpis,
@@ -83,9 +83,7 @@ def sustained(ctx: ContextBinary, feeds: list[Feed], runner: DeviceRunner, thres
                            simulator_latency_ms=latency_stats(soak.iteration_s).as_dict() if soak.iteration_s else None,
                            simulator_iterations=len(soak.iteration_s), host_contention=contention)
         report.tables["simulator_windows"] = [w.__dict__ for w in soak.simulator_windows]
-        note = contention_note(contention)
-        if note:
-            report.notes.append(note)
+        report.notes.extend(contention_notes(contention))
     report.limits = [
         Limit("stability_pct", minimum=thresholds.min_stability_pct),
         Limit("max_temp_c", maximum=thresholds.max_temp_c, required=False,

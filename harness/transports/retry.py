@@ -29,9 +29,6 @@ class Backoff:
         return [min(self.max_s, self.initial_s * self.factor ** k) for k in range(max(0, self.attempts - 1))]
 
 
-NO_RETRY = Backoff(attempts=1)
-
-
 def retry_call(fn: Callable[[], T], *, backoff: Backoff, retry_on: tuple[type[BaseException], ...],
                on_retry: Callable[[int, BaseException], None] | None = None,
                sleep: Callable[[float], None] = time.sleep, what: str = "operation") -> T:
