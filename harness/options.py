@@ -130,3 +130,13 @@ class ValidationOptions:
         d = self.lengths(telemetry_source)
         duration_s = self.concurrency_duration_s or d.concurrency_s
         return ConcurrencyOptions(self.sessions, duration_s, min(d.solo_s, duration_s), self.concurrency_mode)
+
+
+@dataclass(frozen=True)
+class EnergyOptions:
+    """How many inferences, how long to measure idle first, how often to sample power."""
+
+    inferences: int
+    idle_s: float
+    interval_s: float
+    inferences_reason: str = ""

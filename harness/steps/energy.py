@@ -16,7 +16,6 @@ limit fails only when the whole interval is beyond it, and is inconclusive when 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +24,7 @@ from harness.reporting import charts
 from harness.data import Feed
 from harness.kpi import INTERVALS_KEY, Interval, Limit
 from harness.models import Thresholds
+from harness.options import EnergyOptions
 from harness.repeats import summary
 from harness.runner.client import DeviceRunner, SoakSpec
 from harness.soak import contention_notes, host_contention, mean_power_w, soak_run
@@ -35,16 +35,6 @@ CHARGER_STATUSES = ("charging", "full", "not charging")
 MIN_RUN_SAMPLES = 5
 ENERGY_BLOCKS = 5  # blocks of the run's power readings whose spread gives the energy figure's interval
 TAIL_S = 1.0  # sampling after the run, so energy reported late by the power readings is counted
-
-
-@dataclass(frozen=True)
-class EnergyOptions:
-    """How many inferences, how long to measure idle first, how often to sample power."""
-
-    inferences: int
-    idle_s: float
-    interval_s: float
-    inferences_reason: str = ""
 
 
 def warm_inference_s(runner: DeviceRunner, model: Path, feed: Feed, iterations: int = 5) -> float:
