@@ -18,6 +18,7 @@ from typing import Any, Generic, TypeVar
 import pytest
 
 from harness.errors import DeviceQuarantinedError, HarnessError, TransportError
+from harness.reporting import charts
 from harness.reasons import headline, summarize
 from harness.steps.table import PASSED, Step, StepOptions, steps
 
@@ -138,6 +139,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 def _close_session(config: pytest.Config) -> None:
     """Clean and close the session's devices (the controller's too under xdist)."""
+    charts.wait_all()  # the charts still being drawn on their thread are written before the run ends
     session = config.stash.get(SESSION_KEY, None)
     if session is None:
         return

@@ -29,6 +29,7 @@ from harness.cache import ArtifactCache, content_key
 from harness.data import Dataset, Feed
 from harness.errors import StepError
 from harness.metrics import cosine_similarity, mean_abs_error, sqnr_db
+from harness.reporting import charts
 from harness.runner.client import DeviceRunner
 from harness.steps.inference import host_qdq_run
 from harness.steps.ptq import MATH_ERROR_COSINE
@@ -334,45 +335,10 @@ def ranked_promotion_units(report: StepReport) -> list[list[str]]:
 
 
 def _write_artifacts(rows: list[LayerStats], first: LayerStats | None, cache: ArtifactCache) -> dict[str, Path]:
-    """Write the SQNR plot (cached by the table's content); the table itself goes out as CSV with the report."""
+    """Queue the SQNR plot (cached by the table's content, drawn on the chart thread); the table itself goes out as
+    CSV with the report."""
     key = content_key("error-isolation-plot-v1", [_table_row(r) for r in rows])
-
-    def build(out: Path) -> None:
-        plot_sqnr(rows, first, out / "sqnr_along_graph.png")
-
-    return {"sqnr_plot": cache.entry("error_isolation", key, build).path / "sqnr_along_graph.png"}
-
-
-def plot_sqnr(rows: list[LayerStats], first: LayerStats | None, path: Path) -> Path:
-    """Write a PNG of SQNR (and cosine similarity) along the graph, HTP and host; return path."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib.figure import Figure
-
-    cap = 100.0
-    x = [r.index for r in rows]
-    fig = Figure(figsize=(max(6.0, min(18.0, 0.25 * len(rows) + 4)), 6.0), layout="constrained")
-    ax, ax2 = fig.subplots(2, 1, sharex=True, height_ratios=[2, 1])
-    ax.plot(x, [min(r.sqnr_host_db, cap) for r in rows], "o-", ms=3, label="host QDQ emulation")
-    ax.plot(x, [min(r.sqnr_htp_db, cap) for r in rows], "s-", ms=3, label="device htp")
-    ax.set_ylabel("SQNR vs float (dB)")
-    ax.set_title("Layer-by-layer error isolation (topological order)")
-    ax2.plot(x, [r.cosine_host for r in rows], "o-", ms=3)
-    ax2.plot(x, [r.cosine_htp for r in rows], "s-", ms=3)
-    ax2.axhline(MATH_ERROR_COSINE, color="red", ls="--", lw=1, label=f"cosine {MATH_ERROR_COSINE}")
-    ax2.set_ylabel("cosine similarity")
-    ax2.set_xlabel("compared tensor")
-    if first is not None:
-        for a in (ax, ax2):
-            a.axvline(first.index, color="red", lw=1, alpha=0.6)
-        ax.annotate(f"first divergent: {first.node}", (first.index, min(first.sqnr_htp_db, cap)),
-                    textcoords="offset points", xytext=(8, 8), color="red", fontsize=8)
-    if len(rows) <= 40:
-        ax2.set_xticks(x, [r.node for r in rows], rotation=70, ha="right", fontsize=7)
-    ax.legend(fontsize=8)
-    ax2.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    ax2.grid(alpha=0.3)
-    fig.savefig(path, dpi=100)
-    return path
+    rows_drawn = [(r.index, r.node, r.sqnr_host_db, r.sqnr_htp_db, r.cosine_host, r.cosine_htp) for r in rows]
+    marked = (first.index, first.node, first.sqnr_htp_db) if first is not None else None
+    return {"sqnr_plot": charts.in_cache(cache, "error_isolation", key, "sqnr_along_graph.png", charts.sqnr_along_graph,
+                                         rows_drawn, marked, MATH_ERROR_COSINE)}

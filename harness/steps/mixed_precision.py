@@ -373,12 +373,8 @@ def _candidate_rows(effects: list[UnitEffect], ranked: list[PromotionUnit], star
 
 def _pareto_plot(rows: list[dict[str, Any]], thresholds: Thresholds, start_name: str,
                  cache: ArtifactCache) -> Path:
-    """Write the accuracy-vs-promotions chart, cached by the table's content; return its path."""
+    """Queue the accuracy-vs-promotions chart, cached by the table's content; return its path."""
     key = content_key("mp-pareto-plot-v1", rows, thresholds.min_sqnr_db, thresholds.min_cosine_similarity, start_name)
-
-    def build(out: Path) -> None:
-        charts.pareto_curve(rows, f"Mixed precision from {start_name}: accuracy vs 16-bit promotions",
-                            out / "pareto.png", min_sqnr_db=thresholds.min_sqnr_db,
-                            min_cosine=thresholds.min_cosine_similarity)
-
-    return cache.entry("mixed_precision_plot", key, build).path / "pareto.png"
+    return charts.in_cache(cache, "mixed_precision_plot", key, "pareto.png", charts.pareto_curve, rows,
+                           f"Mixed precision from {start_name}: accuracy vs 16-bit promotions",
+                           min_sqnr_db=thresholds.min_sqnr_db, min_cosine=thresholds.min_cosine_similarity)
