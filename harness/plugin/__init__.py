@@ -199,8 +199,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         record = StepRecord(target.device.id, target.soc.id, target.model.name, marker.args[0], state,
                             item.stash.get(_KPIS_KEY, {}), re.sub(r"^(Failed|Skipped): ", "", message), tuple(marginal))
         if verdict is not None:  # what check() decided goes to Allure and --junitxml from the record (telemetry too)
-            if verdict.report is not None:
-                attach_report(verdict.report, record)
+            if verdict.report is not None and item.config.pluginmanager.getplugin("allure_listener") is not None:
+                attach_report(verdict.report, record)  # waits for the step's charts: only when Allure records
             reason = [(f"{record.step}.reason", headline(verdict.message))] if verdict.message else []
             item.user_properties.extend([*record.properties(), (f"{record.step}.status", verdict.status), *reason])
         report.user_properties.append((RECORD_PROPERTY, record.to_json()))
