@@ -28,10 +28,11 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
      _modules("runner.device_runner runner.llm_runner runner.genie_runner")),
     ("foundation: errors, files, records, KPI rules and statistics",
      _modules(". errors files records kpi stats repeats reasons metrics host_sessions shutdown transports.retry "
-              "runner clock json_values versions allure_names")),
+              "runner clock json_values versions allure_names user_code")),
     ("what is onboarded where: devices and SoCs, models, data, the cache, the conversion transforms, the emulated "
      "devices, the built-in models",
-     _modules("devices models target data calibration cache cache_check encodings convert convert.* qnn_ops "
+     _modules("devices models target data calibration cache cache_check encodings convert convert.* evaluation "
+              "evaluation.* qnn_ops "
               "placement profiling estimate emulator emulator.* zoo zoo.* llm llm.gpt llm.convention llm.text "
               "llm.export model_sources")),
     ("transports", _modules("transports transports.* soc_detect telemetry cooldown")),

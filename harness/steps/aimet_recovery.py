@@ -327,7 +327,7 @@ def simulated(model: Path, dataset: Dataset, reference: list[Feed], thresholds: 
     """Return the cached AIMET run (its directory, its record, whether it came from the cache)."""
     import aimet_onnx
 
-    labels = [] if dataset.labels is None else np.asarray(dataset.labels).tolist()
+    labels = dataset.labels_key()
     key = content_key("aimet-v3", model, feeds_digest(dataset.calibration), feeds_digest(dataset.evaluation),
                       feeds_digest(reference), labels, asdict(recipe), thresholds.max_task_metric_drop,
                       thresholds.min_cosine_similarity, thresholds.min_sqnr_db, adaround_iterations,

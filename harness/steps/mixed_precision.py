@@ -122,7 +122,7 @@ def promoted_recipe(start: QuantRecipe, units: list[PromotionUnit], label: str =
 def host_kpis(qdq_model: Path, dataset: Dataset, reference: list[Feed], cache: ArtifactCache,
               threads: int = 0) -> dict[str, Any]:
     """Return the KPIs of qdq_model on the host's QDQ emulation against the float reference (cached)."""
-    labels = [] if dataset.labels is None else np.asarray(dataset.labels).tolist()
+    labels = dataset.labels_key()
     key = content_key("mp-host-v2", qdq_model, feeds_digest(dataset.evaluation), feeds_digest(reference), labels)
 
     def build(out: Path) -> None:
@@ -308,7 +308,7 @@ def unresolvable_search(start: Candidate, thresholds: Thresholds, resolvable_dro
     if start.meets or start.error is not None or not start.undecided or resolvable_drop is None:
         return None
     limit = thresholds.max_task_metric_drop
-    if resolvable_drop <= limit:
+    if limit is None or resolvable_drop <= limit:
         return None
     states = {v.limit.kpi: v.state for v in check_all(start.kpis, accuracy_limits(thresholds))}
     undecided = {kpi for kpi, state in states.items() if state == "inconclusive"}
