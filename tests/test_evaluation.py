@@ -164,6 +164,16 @@ def test_the_section_sets_the_task_limits_and_leaves_output_limits_to_the_thresh
     assert drop.max_task_metric_drop == 0.01 and drop.min_task_metric_ratio is None
 
 
+def test_accuracy_limits_follow_the_thresholds(tmp_path):
+    from harness.models import Thresholds
+    from harness.steps.inference import accuracy_limits
+
+    assert [str(lim) for lim in accuracy_limits(Thresholds())] == [  # no section: as before
+        "task_metric_drop <= 0.02", "cosine_similarity >= 0.98", "sqnr_db >= 15"]
+    spec = resolve_model(str(write_spec(tmp_path, "  {data: eval, labels: labels.csv, metric: top1}\n")), {}, None)
+    assert [str(lim) for lim in accuracy_limits(spec.thresholds)] == ["task_metric_ratio >= 0.98"]
+
+
 @pytest.mark.parametrize("section, message", [
     ("{data: eval, labels: labels.csv, metric: bleu}",
      r"evaluation.metric 'bleu' is not a built-in \(top1, top5, cer, word_accuracy, f1\) nor module.py:function"),

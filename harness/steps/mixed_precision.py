@@ -261,7 +261,7 @@ def mixed_precision(model: Path, dataset: Dataset, reference: list[Feed], runner
         "units_measured": len(effects), "measure_limit": measure_limit,
         "met_threshold": final.meets, "start_met_threshold": start.meets,
         "task_metric_name": k["task_metric_name"], "task_metric": k["task_metric"],
-        "task_metric_drop": k["task_metric_drop"], "cosine_similarity": k["cosine_similarity"],
+        "task_metric_drop": k["task_metric_drop"], **_ratio(k), "cosine_similarity": k["cosine_similarity"],
         "sqnr_db": k["sqnr_db"], "intervals": k.get("intervals"), "undecided": final.undecided,
         "start_task_metric": base.get("task_metric"),
         "start_cosine_similarity": base.get("cosine_similarity"), "start_sqnr_db": base.get("sqnr_db"),
@@ -301,6 +301,11 @@ def mixed_precision(model: Path, dataset: Dataset, reference: list[Feed], runner
     return report
 
 
+def _ratio(kpis: dict[str, Any]) -> dict[str, Any]:
+    """Return the task metric's ratio to float of a candidate's KPIs, where it has one (an evaluation section)."""
+    return {"task_metric_ratio": kpis["task_metric_ratio"]} if "task_metric_ratio" in kpis else {}
+
+
 def unresolvable_search(start: Candidate, thresholds: Thresholds, resolvable_drop: float | None) -> str | None:
     """Return why a search from start could not decide anything (None when it could): start fails no limit, and
     the limits it leaves undecided are the task-metric drop's, which the samples cannot resolve even with no
@@ -330,6 +335,7 @@ def _search_not_run(start: Candidate, thresholds: Thresholds, reason: str) -> St
                    "promoted_count": 0, "met_threshold": False, "start_met_threshold": False, "undecided": True,
                    "search": "not run", "task_metric_name": k.get("task_metric_name"),
                    **{kpi: k.get(kpi) for kpi in ("task_metric", "task_metric_drop", "cosine_similarity", "sqnr_db")},
+                   **_ratio(k),
                    "intervals": k.get("intervals")}
     report.inconclusive.append(reason)
     return report

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -240,10 +241,13 @@ def ptq(qdq_model: Path, recipe: QuantRecipe, dataset: Dataset, reference: list[
     """Return the PTQ report: the QDQ model on the device's `htp` runtime against the float reference, each
     limit judged on its KPI's 95 % interval (inconclusive, saying how many samples would resolve it, when the
     interval straddles the limit); inference_s (one inference's device time) sizes the resolution note."""
-    try:
-        run = runner.run(qdq_model, dataset.evaluation, "htp")
-    except HtpRefusedError as e:  # name the refused nodes, not the runner's exit code
-        raise StepError(f"the quantized model {e.summary}") from None
+    with ThreadPoolExecutor(1, thread_name_prefix="host-qdq") as pool:  # the host's QDQ run overlaps the device's
+        host_run = pool.submit(host_qdq_run, qdq_model, dataset.evaluation) if dataset.task is not None else None
+        try:
+            run = runner.run(qdq_model, dataset.evaluation, "htp")
+        except HtpRefusedError as e:  # name the refused nodes, not the runner's exit code
+            raise StepError(f"the quantized model {e.summary}") from None
+        host_outputs = host_run.result() if host_run is not None else None
     report = StepReport("ptq")
     float_metric = task_metric(reference, dataset, reference)
     resolvable = resolution(dataset, reference)
@@ -254,12 +258,11 @@ def ptq(qdq_model: Path, recipe: QuantRecipe, dataset: Dataset, reference: list[
                    "mean_inference_ms": 1000 * float(np.mean(run.inference_s)) if run.inference_s else None,
                    "htp_nodes": sum(p.on_htp for p in run.placement)}
     report.limits = accuracy_limits(thresholds)
-    if dataset.task is not None:  # the loss in the host's QDQ emulation beside the HTP's: is a miss the HTP's own?
-        outputs = host_qdq_run(qdq_model, dataset.evaluation)
-        host = dataset.task.compare(outputs, reference, dataset.labels)
+    if host_outputs is not None:  # the loss in the host's QDQ emulation beside the HTP's: is a miss the HTP's own?
+        host = dataset.task.compare(host_outputs, reference, dataset.labels)
         report.kpis.update({"host_qdq_task_metric": host["task_metric"],
                             "host_qdq_task_metric_ratio": host["task_metric_ratio"],
-                            "host_qdq_cosine_similarity": cosine_similarity(stacked(reference), stacked(outputs))})
+                            "host_qdq_cosine_similarity": cosine_similarity(stacked(reference), stacked(host_outputs))})
     if (note := resolution_note(len(run.outputs), resolvable, thresholds, inference_s)) is not None:
         report.notes.append(note)
     report.notes.extend(dataset.warnings)

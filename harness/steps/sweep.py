@@ -310,9 +310,10 @@ def sweep(model: Path, dataset: Dataset, reference: list[Feed], runner: DeviceRu
                    "candidates_from_cache": sum(bool(c.kpis.get("cached")) for c in candidates),
                    "parallel_workers": workers, "wall_s": time.perf_counter() - start}
     if best is not None:
-        for name in ("task_metric_name", "task_metric", "float_task_metric", "task_metric_drop",
+        for name in ("task_metric_name", "task_metric", "float_task_metric", "task_metric_drop", "task_metric_ratio",
                      "cosine_similarity", "sqnr_db", "intervals"):
-            report.kpis[name] = best.kpis.get(name)
+            if name in best.kpis or name != "task_metric_ratio":  # the ratio: with an evaluation section only
+                report.kpis[name] = best.kpis.get(name)
     report.kpis["candidates_undecided"] = sum(c.undecided for c in candidates)
     report.limits = accuracy_limits(thresholds)
     report.tables["candidates"] = [c.summary() for c in candidates]
