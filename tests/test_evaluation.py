@@ -137,6 +137,16 @@ def test_cer_ratio_is_bootstrapped_and_spans_its_range_on_few_samples(tmp_path):
     assert many["low"] == many["high"] == pytest.approx(0.5)
 
 
+def test_a_ratio_on_too_few_samples_for_a_bootstrap_needs_at_least_that_many():
+    from harness import stats
+    from harness.kpi import Interval, Limit
+
+    kpis = {"task_metric_ratio": 0.0, "intervals": {"task_metric_ratio": Interval(0.0, 1.0, 2, "bootstrap").as_dict()}}
+    (sentence,) = stats.unresolved(kpis, [Limit("task_metric_ratio", minimum=0.98)])
+    assert kpis["intervals"]["task_metric_ratio"]["needed"] == stats.MIN_BOOTSTRAP_SAMPLES
+    assert sentence.startswith("inconclusive: 2 samples cannot resolve task_metric_ratio >= 0.98")
+
+
 # ------------------------------------------------------------------------------ the spec section
 
 
