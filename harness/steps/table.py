@@ -203,7 +203,7 @@ STEPS: tuple[Step, ...] = (
     Step("ptq", "Step 3 stage 2 outcome (needs feasibility and conversion).",
          requires=(passed("feasibility"), passed("conversion")), rules=_accuracy_rules("ptq"),
          page_kpis=("recipe", "task_metric_name", "task_metric", "float_task_metric", "task_metric_drop",
-                    "cosine_similarity", "sqnr_db", "runtime"),
+                    "task_metric_ratio", "cosine_similarity", "sqnr_db", "runtime"),
          headline=lambda k: f"PTQ cosine {num(k.get('cosine_similarity'), '.4f')}, "
                             f"SQNR {num(k.get('sqnr_db'), '.1f')} dB"),
     Step("error_isolation", "Step 3 stage 3 outcome (runs for every model; fails only when PTQ missed its KPI).",
@@ -252,7 +252,7 @@ STEPS: tuple[Step, ...] = (
          "compiled binary).", group="validation", requires=(passed("context_binary"),), markers=("validation",),
          rules=_accuracy_rules("validation_accuracy"),
          page_kpis=("deployed_model", "samples", "task_metric_name", "task_metric", "task_metric_drop",
-                    "cosine_similarity"),
+                    "task_metric_ratio", "cosine_similarity"),
          headline=lambda k: f"{k.get('task_metric_name', 'metric')} {num(k.get('task_metric'), '.4g')}, "
                             f"cosine {num(k.get('cosine_similarity'), '.4f')}"),
     Step("sustained", "Step 7 outcome: cooldown, soak, thermals (needs the compiled binary).", group="validation",
