@@ -243,13 +243,14 @@ def _private_copy(model: Path, cache: ArtifactCache):
 
 def rank(candidates: list[Candidate]) -> list[Candidate]:
     """Return candidates best first: meeting the KPI (decisively), then undecided ones (an interval straddles a
-    limit), then failing ones, each by the point value of the task metric (its ratio to float where it has one),
-    then of cosine similarity."""
+    limit), then failing ones, each by the task metric's ratio to float where it has one, else by its drop from
+    float (both in the metric's direction: a lower cer ranks first), then by cosine similarity."""
     def key(c: Candidate):
         if c.error is not None:
             return (3, 0.0, 0.0)
-        metric = c.kpis["task_metric"] if c.kpis.get("task_metric_ratio") is None else c.kpis["task_metric_ratio"]
-        return (0 if c.meets else 1 if c.undecided else 2, -metric, -c.kpis["cosine_similarity"])
+        ratio = c.kpis.get("task_metric_ratio")
+        return (0 if c.meets else 1 if c.undecided else 2,
+                c.kpis["task_metric_drop"] if ratio is None else -ratio, -c.kpis["cosine_similarity"])
 
     return sorted(candidates, key=key)
 

@@ -47,8 +47,9 @@ class Prerequisite:
 
 @dataclass(frozen=True)
 class KpiRule:
-    """How one KPI of one step is compared: kind is 'higher' (absolute tolerance), 'lower' (relative
-    threshold) or 'blocks' (independent blocks, see compare_blocks); setting names the Thresholds field;
+    """How one KPI of one step is compared: kind is 'higher' (absolute tolerance), 'task' (absolute tolerance in
+    the task metric's direction, see harness.steps.regression), 'lower' (relative threshold) or 'blocks'
+    (independent blocks, see compare_blocks); setting names the Thresholds field;
     blocks and noise name the KPIs holding its block values and their spread, source its label's KPI."""
 
     step: str
@@ -178,10 +179,10 @@ def _regression(onboarding: Any, options: StepOptions) -> Any:
 
 
 def _accuracy_rules(step: str) -> tuple[KpiRule, ...]:
-    return tuple(KpiRule(step, kpi, "higher", setting, unit)
-                 for kpi, setting, unit in (("task_metric", "regression_accuracy_tolerance", ""),
-                                            ("cosine_similarity", "regression_accuracy_tolerance", ""),
-                                            ("sqnr_db", "regression_sqnr_tolerance_db", "dB")))
+    return (KpiRule(step, "task_metric", "task", "regression_accuracy_tolerance"),
+            *(KpiRule(step, kpi, "higher", setting, unit)
+              for kpi, setting, unit in (("cosine_similarity", "regression_accuracy_tolerance", ""),
+                                         ("sqnr_db", "regression_sqnr_tolerance_db", "dB"))))
 
 
 # --- the table --------------------------------------------------------------------------------------------
