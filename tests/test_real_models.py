@@ -88,6 +88,9 @@ class Task:
 
 READS_WORDS = Task("cer", 0.05, ("word_accuracy",))  # the float recognizers read the rendered words
 FINDS_ROTATION = Task("top1", 0.9)  # the float classifiers find the lines' and pages' rotation
+# the float DBNet detectors find the rendered pages' text lines at 128x128 (hmean at IoU 0.5: v5 0.81, tiny v6 0.64;
+# every line is found, the misses are boxes a few pixels off at this size); MLPerf's detection target, 95 % of float
+FINDS_LINES = Task("hmean", 0.6, min_ratio=0.95)
 
 
 # A model that misses 8-bit PTQ on precision: error isolation names where the loss starts, the sweep
@@ -99,13 +102,13 @@ BORDERLINE = {"ptq": "FAIL", "error_isolation": "PTQ missed its KPI"}
 
 EXPECT: dict[str, Expect] = {
     # DBNet detectors: 8-bit weights cost the probability map (host QDQ cosine 0.91 a8w8, 0.94 a16w8, 1.0 a16w16)
-    "ppocrv5_det": Expect(may_fail=PRECISION),
+    "ppocrv5_det": Expect(may_fail=PRECISION, task=FINDS_LINES),
     "ppocrv5_cls": Expect(may_fail=PRECISION, task=FINDS_ROTATION),  # top-1 on rendered lines, 0 or 180 degrees
     # SVTR recognizers: attention and LayerNorm are sensitive to 8-bit activations (tiny rec: cosine 0.84 at a8w8)
     # v5 rec at a8w8: 0.36 (the attention's Softmax; the HTP and host QDQ emulation agree where the loss
     # starts), a16w8 0.83; the sweep's per-channel candidate is refused (fused LayerNormalization)
     "ppocrv5_rec": Expect(may_fail=PRECISION, min_ptq_cosine=0.3, task=READS_WORDS),
-    "ppocrv6_tiny_det": Expect(may_fail=PRECISION),
+    "ppocrv6_tiny_det": Expect(may_fail=PRECISION, task=FINDS_LINES),
     "ppocrv6_tiny_rec": Expect(may_fail=PRECISION, min_ptq_cosine=0.8, task=READS_WORDS),
     # on seals at 256x256 (at 128x128, or on plain text, its probability map is ~0 and cosine meaningless):
     # the loss starts at an SE block's Conv after GlobalAveragePool, alike on the HTP and in host QDQ emulation

@@ -4,7 +4,8 @@ Each built-in is a ratio of sums of per-sample parts (numerator, denominator), s
 (the bootstrap) is a sum of rows: top1, top5 and word_accuracy are shares of samples (a sample scores 1 or 0
 of 1: their intervals are Wilson's); cer is edit operations over reference characters (Levenshtein distance by
 rapidfuzz, the sum over samples divided by the reference characters, as PaddleOCR and jiwer count it); f1 is
-2·TP / (2·TP + FP + FN) over samples (class 0 negative, any other class positive) or over frames. A user's
+2·TP / (2·TP + FP + FN) over samples (class 0 negative, any other class positive) or over frames; hmean the
+same over text boxes matched at IoU 0.5 (harness.evaluation.detection). A user's
 `module.py:function` takes (predictions, labels as text) and returns the value, or one value per sample (their
 mean).
 
@@ -20,6 +21,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from harness.errors import EvaluationError
+from harness.evaluation.detection import hmean_parts, parse_boxes
 from harness.evaluation.spec import Evaluation
 from harness.user_code import load_function
 
@@ -77,7 +79,7 @@ class Metric:
     parts: Callable[[Any, Any], tuple[float, float]] | None = None  # built-ins: one sample's (numerator, denominator)
     function: Callable[[list, list], Any] | None = None  # a user's metric over all samples
     share: bool = False  # each sample scores 1 or 0 of 1 (intervals: Wilson, Newcombe)
-    empty: float = 1.0  # the value when the denominators sum to 0 (f1 with nothing to find and nothing found)
+    empty: float = 0.0  # the value when the denominators sum to 0 (f1, hmean: 1 with nothing to find, none found)
     complement_ratio: bool = False  # ratio of 1 - value (cer: character accuracy)
 
     def table(self, predictions: list, labels: list) -> np.ndarray:
@@ -87,7 +89,7 @@ class Metric:
     def of_parts(self, rows: np.ndarray) -> float:
         """Return the metric of samples whose parts are rows."""
         numerator, denominator = rows.sum(axis=0) if len(rows) else (0.0, 0.0)
-        return float(numerator / denominator) if denominator else (self.empty if self.name == "f1" else 0.0)
+        return float(numerator / denominator) if denominator else self.empty
 
     def value(self, predictions: list, labels: list) -> float:
         """Return the metric over the samples."""
@@ -124,6 +126,8 @@ BUILTIN: dict[str, Metric] = {
     "top5": Metric("top5", True, _class_index, "a class index (an integer >= 0)", _top(5), share=True),
     "cer": Metric("cer", False, str, "a text line", _edits, complement_ratio=True),
     "word_accuracy": Metric("word_accuracy", True, str, "a text line", _exact, share=True),
+    "hmean": Metric("hmean", True, parse_boxes, "boxes of 8 numbers x1 y1 ... x4 y4, separated by ';'", hmean_parts,
+                    empty=1.0),
 }
 
 
@@ -135,9 +139,9 @@ def metric_for(evaluation: Evaluation, name: str | None = None) -> Metric:
         return BUILTIN[name]
     if name == "f1":
         if evaluation.postprocess == "frames":
-            return Metric("f1", True, _frame_labels, "0/1 per frame, separated by spaces", _f1_parts)
+            return Metric("f1", True, _frame_labels, "0/1 per frame, separated by spaces", _f1_parts, empty=1.0)
         return Metric("f1", True, _class_index, "a class index (0 negative, any other positive)",
-                      lambda prediction, label: _f1_parts(_ranked(prediction)[:1], [label]))
+                      lambda prediction, label: _f1_parts(_ranked(prediction)[:1], [label]), empty=1.0)
     function = load_function(evaluation.metric, "evaluation.metric")
     name = evaluation.metric.rpartition(":")[2]
     return Metric(name, evaluation.higher_is_better is not False, str, "text", function=function)

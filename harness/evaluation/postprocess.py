@@ -3,7 +3,7 @@
 Built-ins: `argmax` (the classes by descending score, the first the arg-max: what top-1, top-5 and F1 read),
 `ctc_greedy` (CTC greedy decoding with a charset file: the best class per step, repeats collapsed, the blank
 dropped, as PaddleOCR's CTCLabelDecode), `frames` (each element of a probability output at or above 0.5 is a
-positive frame). A user's `module.py:function` gets the sample's outputs {name: array} and returns anything its
+positive frame), `db_boxes` (a DBNet probability map's text boxes, harness.evaluation.detection). A user's `module.py:function` gets the sample's outputs {name: array} and returns anything its
 metric reads.
 """
 
@@ -16,6 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from harness.errors import EvaluationError
+from harness.evaluation.detection import db_boxes
 from harness.evaluation.spec import Evaluation
 from harness.user_code import load_function
 
@@ -71,13 +72,13 @@ Postprocess = Callable[[dict[str, np.ndarray]], Any]
 
 def postprocessor(evaluation: Evaluation) -> Postprocess:
     """Return the function that turns one sample's outputs {name: array} into its prediction."""
-    if evaluation.postprocess not in ("argmax", "ctc_greedy", "frames"):
+    if evaluation.postprocess not in ("argmax", "ctc_greedy", "frames", "db_boxes"):
         return load_function(evaluation.postprocess, "evaluation.postprocess")
     decode: Callable[[np.ndarray, str], Any]
     if evaluation.postprocess == "ctc_greedy":
         decode = CtcGreedy(tuple(read_charset(evaluation.charset)), evaluation.charset)
     else:
-        builtin = argmax if evaluation.postprocess == "argmax" else frames
+        builtin = {"argmax": argmax, "frames": frames, "db_boxes": db_boxes}[evaluation.postprocess]
         decode = lambda output, name: builtin(output)  # noqa: E731
 
     def run(outputs: dict[str, np.ndarray]) -> Any:

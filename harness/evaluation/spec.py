@@ -12,9 +12,9 @@ from harness.errors import ConfigError
 from harness.user_code import is_reference, load_function, spec_relative
 
 # What each built-in post-processing yields, and what each built-in metric scores
-POSTPROCESS_YIELDS = {"argmax": "classes", "ctc_greedy": "text", "frames": "frames"}
+POSTPROCESS_YIELDS = {"argmax": "classes", "ctc_greedy": "text", "frames": "frames", "db_boxes": "boxes"}
 METRIC_TAKES = {"top1": ("classes",), "top5": ("classes",), "cer": ("text",), "word_accuracy": ("text",),
-                "f1": ("classes", "frames")}
+                "f1": ("classes", "frames"), "hmean": ("boxes",)}
 DEFAULT_MIN_RATIO = 0.98  # MLPerf Mobile's classification target: 98 % of FP32, when the section sets no limit
 
 
@@ -24,12 +24,13 @@ class EvaluationSection(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     data: str = Field(description="folder of samples: .npy (single-input models) or .npz keyed by input name")
-    labels: str = Field(description="CSV file,label: a sample file in `data` and its class index or text")
-    postprocess: str = Field("argmax", description="argmax | ctc_greedy | frames | module.py:function")
+    labels: str = Field(description="CSV file,label: a sample file in `data` and its class index, text or boxes "
+                                    "(8 numbers each, separated by ';')")
+    postprocess: str = Field("argmax", description="argmax | ctc_greedy | frames | db_boxes | module.py:function")
     charset: str | None = Field(None, description="ctc_greedy: the character list, one per line (CTC blank "
                                                   "first; a space last when the output is one class wider)")
     output: str | None = Field(None, description="the model output post-processed (default: the first)")
-    metric: str = Field(description="top1 | top5 | cer | word_accuracy | f1 | module.py:function")
+    metric: str = Field(description="top1 | top5 | cer | word_accuracy | f1 | hmean | module.py:function")
     report: list[str] = Field(default_factory=list, description="further built-in metrics reported beside it "
                                                                   "(on the same predictions), not judged")
     higher_is_better: bool | None = Field(None, description="a metric given as module.py:function: its direction")
