@@ -286,9 +286,13 @@ def user_project(root: Path, model: Path, evaluation: str, files: dict[str, str]
      "failed"),
 ])
 def test_a_users_model_onboards_and_ptq_is_judged_on_its_task_metric(zoo_models, pytester, session_cache_dir,
-                                                                      tmp_path, zoo_name, evaluation, files, outcome):
+                                                                      tmp_path, zoo_name, evaluation, files, outcome,
+                                                                      monkeypatch):
     import json
 
+    # all 300 labelled samples, however busy this host is (the default 8 s budget per pass, timed on the simulator,
+    # fits 146 of them at a load average of 13): this test is about the task metric's verdict, not the set's size
+    monkeypatch.setenv("HARNESS_EVAL_BUDGET_S", "600")
     spec = user_project(tmp_path / "elsewhere" / zoo_name, zoo_models[zoo_name], evaluation, files)
     kpi = pytester.path / "kpi.json"
     result = pytester.runpytest_subprocess(str(SUITES), "--model", str(spec), "--cache-dir", str(session_cache_dir),
