@@ -120,3 +120,17 @@ def test_bad_input_lists_are_named(tmp_path, classifier, line, message):
     assert proc.returncode == 2
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_the_evaluation_count_rests_on_the_simulators_cpu_time(sm8650_runner, classifier, tmp_path):
+    """On the HTP simulator the evaluation set is sized by the runner's CPU seconds per inference, which a busy host
+    does not inflate (its wall time doubles beside one CPU-bound process): the count, and what the verdicts can
+    resolve, do not follow the host's load."""
+    from harness import sizing
+    from harness.cache import ArtifactCache
+
+    result = sm8650_runner.run(classifier, feeds(3), "htp")
+    assert len(result.inference_cpu_s) == 3 and all(t > 0 for t in result.inference_cpu_s)
+    cost = sizing.measure_inference(classifier, feeds(1)[0], sm8650_runner, ArtifactCache(tmp_path / "cache"))
+    assert cost.latency_source == "simulator" and cost.cpu_time and cost.inference_s > 0
+    assert "of CPU time on sm8650-emu (simulator)" in sizing.count_reason(cost, "sm8650-emu", 16)

@@ -21,6 +21,7 @@ from harness.errors import DeviceTimeoutError, RunnerError
 from harness.models import fix_input_shapes
 from harness.runner.base import push_model
 from harness.runner.client import RUNNER_MODE_ENV, RUNNER_SOURCE, DeviceRunner
+from harness.runner.device_runner import RUNNER_VERSION
 from harness.transports import open_transport
 from model_builders import conv_classifier
 from real_models_helpers import real_model_path
@@ -132,7 +133,7 @@ def test_runs_share_one_server_and_reuse_its_session(any_runner, classifier):
     for a, b in zip(first.outputs, second.outputs):
         np.testing.assert_array_equal(a["logits"], b["logits"])
     check = any_runner.self_check()  # the health check pings the same server
-    assert check["pid"] == pid and check["qnn_ep"] and check["runner_version"] == "6"
+    assert check["pid"] == pid and check["qnn_ep"] and check["runner_version"] == RUNNER_VERSION
     any_runner.close()
     assert any_runner.server_pid is None
     assert _gone(pid), "the runner server outlived DeviceRunner.close()"

@@ -82,6 +82,9 @@ class RunResult:
     # an emulated device's modelled time of each iteration_s iteration (harness.emulator.device_time), None on a
     # real device: the `emulated` latency figure; iteration_s there is the HTP simulator's wall time
     emulated_s: list[float] | None = None
+    # the runner process's CPU seconds per inference (all its threads; empty from an older runner or qnn-net-run):
+    # on the HTP simulator the simulator's cost, which a busy host does not inflate as it does inference_s
+    inference_cpu_s: list[float] = field(default_factory=list)
 
     @property
     def latency_source(self) -> str:

@@ -352,6 +352,7 @@ class DeviceRunner:
             keep_outputs(out_dir, keep_dir)
         return RunResult(outputs=outputs, runtime=runtime, load_s=float(report.get("load_s", 0.0)),
                          inference_s=[float(t) for t in report.get("inference_s") or []],
+                         inference_cpu_s=[float(t) for t in report.get("inference_cpu_s") or []],
                          placement=[NodePlacement(**p) for p in report.get("placement") or []],
                          report=report, workdir=keep_dir,
                          iteration_s=[float(t) for t in report.get("iteration_s") or []],

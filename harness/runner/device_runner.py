@@ -81,9 +81,10 @@ import threading
 import time
 import traceback
 
-RUNNER_VERSION = "6"  # 2: the machine it ran on; 3: the nodes the HTP refused; 4: soak, telemetry, concurrency;
+RUNNER_VERSION = "7"  # 2: the machine it ran on; 3: the nodes the HTP refused; 4: soak, telemetry, concurrency;
 # 5: an emulated device's modelled time (--emulated_latency_ms, emulated_iteration_s), the host's load;
-# 6: --serve (one persistent process per device session), sessions cached by content (session_cached), pid
+# 6: --serve (one persistent process per device session), sessions cached by content (session_cached), pid;
+# 7: inference_cpu_s (the process's CPU seconds per inference: the simulator's cost whatever the host's load)
 
 
 class RunnerFailure(Exception):
@@ -1266,9 +1267,11 @@ def main(argv=None):
             feeds = [{n: _load_input(np, f, by_name[n]) for n, f in e.items()} for e in lines]
             for _ in range(args.warmup if feeds else 0):
                 timed_run(session, out_names, feeds[0], npu)
-            times, outputs_meta = [], []
+            times, cpu_times, outputs_meta = [], [], []
             for i, feed in enumerate(feeds):
+                cpu0 = time.process_time()
                 outs, elapsed = timed_run(session, out_names, feed, npu)
+                cpu_times.append(time.process_time() - cpu0)
                 times.append(elapsed)
                 rdir = os.path.join(args.output_dir, f"Result_{i}")
                 os.makedirs(rdir, exist_ok=True)
@@ -1279,6 +1282,7 @@ def main(argv=None):
                         outputs_meta.append({"name": name, "file": fname, "shape": list(np.shape(value)),
                                              "dtype": str(np.asarray(value).dtype)})
             report["inference_s"] = times
+            report["inference_cpu_s"] = cpu_times
             report["outputs"] = outputs_meta
             if feeds and (args.min_iterations > 0 or args.min_duration > 0):
                 loop, loop_s, modelled = measure(session, out_names, feeds, args.min_iterations,
