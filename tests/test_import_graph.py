@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
               "runner clock json_values versions reporting reporting.records reporting.names options")),
     ("what is onboarded where: devices and SoCs, models, data, the cache, the conversion transforms, the emulated "
      "devices, the built-in models",
-     _modules("devices models target data cache cache_check quantization quantization.* convert convert.* qnn_ops "
+     _modules("devices models target data cache cache_check quantization quantization.* convert convert.* qnn_ops qnn_errors "
               "placement profiling estimate emulator emulator.* zoo zoo.* llm llm.gpt llm.convention llm.text "
               "llm.export model_sources")),
     ("transports", _modules("transports transports.* soc_detect telemetry farm.cooldown")),
