@@ -171,6 +171,9 @@ def _add_quantized_nodes(placement: FormPlacement, qdq_path: Path, placed: list[
             placement.boundary_qdq_on_cpu = 0
         except (DeviceLostError, DeviceTimeoutError):
             raise
+        except QnnFinalizeError as e:  # the whole graph on the HTP does not fit: not the Q/DQ nodes' doing
+            placement.session_error, placement.finalize_failed = e.summary, True
+            return
         except RunnerError:  # no fallback-disabled session at all: they are what kept it from loading
             refused, placement.boundary_qdq_on_cpu = cpu_qdq, 0
     # Q/DQ nodes beside a node that left the HTP follow it to the CPU: listed, but the op to act on is that node
