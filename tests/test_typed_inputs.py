@@ -100,3 +100,16 @@ def test_an_integer_input_float32_would_round_is_named(tmp_path):
                                           r"the device runner as float32"):
         write_input_list([{"input_ids": np.array([[1]], np.int64)},
                           {"input_ids": np.array([[2 ** 25 + 1]], np.int64)}], tmp_path / "big")
+
+
+def test_conversion_checks_ids_across_the_vocabulary_and_padded_masks(tmp_path):
+    from harness.convert.equivalence import check_feeds
+    from harness.models import fix_input_shapes
+
+    model = onnx.load(str(tiny_encoder(tmp_path / "encoder")))
+    fixed = fix_input_shapes(model, {"input_ids": (1, LENGTH), "segment_ids": (1, LENGTH),
+                                     "attention_mask": (1, LENGTH)}, "tiny_encoder")
+    feeds = check_feeds(fixed, "tiny_encoder", count=4)
+    ids = np.stack([f["input_ids"] for f in feeds])
+    assert ids.max() > 1 and ids.max() < VOCAB  # no longer only rows 0 and 1 of the embedding
+    assert all(f["attention_mask"][0, 0] for f in feeds) and feeds[0]["segment_ids"].dtype == np.int32

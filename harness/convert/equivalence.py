@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 
 from harness.convert import copy_model
-from harness.data import Feed
+from harness.data import Feed, input_infos, random_input
 from harness.host_sessions import host_session_options
 from harness.metrics import cosine_similarity
 
@@ -70,26 +70,25 @@ def _np_dtype(elem_type: int) -> np.dtype:
 
 
 def check_feeds(model: onnx.ModelProto, seed_text: str, count: int = 2) -> list[Feed]:
-    """Return `count` deterministic feeds for the (shape-fixed) model's inputs: floats uniform in
-    [0, 1) then standard normal, integers in {0, 1}, booleans at random."""
+    """Return `count` deterministic feeds for the (shape-fixed) model's inputs: floats uniform in [0, 1) then
+    standard normal; integers and booleans as harness.data.random_input draws them (ids within the vocabulary
+    of the embedding they index, padding masks, other integers in {0, 1})."""
     seed = int.from_bytes(hashlib.sha256(seed_text.encode()).digest()[:8], "little")
     rng = np.random.default_rng(seed)
-    inits = {i.name for i in model.graph.initializer}
+    infos = {i.name: i for i in input_infos(model)}
     feeds = []
     for k in range(count):
         feed = {}
         for inp in model.graph.input:
-            if inp.name in inits:
+            if inp.name not in infos:
                 continue
             tt = inp.type.tensor_type
             shape = tuple(d.dim_value for d in tt.shape.dim)
             dtype = _np_dtype(tt.elem_type)
             if dtype.kind == "f":
                 value = rng.random(shape) if k % 2 == 0 else rng.standard_normal(shape)
-            elif dtype.kind == "b":
-                value = rng.random(shape) < 0.5
             else:
-                value = rng.integers(0, 2, shape)
+                value = random_input(infos[inp.name], rng)
             feed[inp.name] = np.asarray(value).astype(dtype)
         feeds.append(feed)
     return feeds
