@@ -31,11 +31,47 @@ _ONNX_TO_NP = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.
 
 @dataclass(frozen=True)
 class InputInfo:
-    """A model input's name, static shape and numpy dtype."""
+    """A model input's name, static shape and numpy dtype; for an integer input the values it takes."""
 
     name: str
     shape: tuple[int, ...]
     dtype: type
+    high: int | None = None  # integer values are drawn in [0, high): an embedding's vocabulary, else {0, 1}
+    vocabulary_of: str = ""  # the Gather table whose rows the values index ('' when none)
+    mask: bool = False  # a padding mask (a bool input, or an integer one named *mask*): 1 on a prefix, 0 after
+
+    def describe(self) -> str:
+        """Return what random values of this input hold, for a data set's description."""
+        if self.mask:
+            return f"'{self.name}' a padding mask (1 on a random-length prefix of its last axis, 0 after)"
+        if self.vocabulary_of:
+            return f"'{self.name}' ids in [0, {self.high}) (the rows of '{self.vocabulary_of}')"
+        return f"'{self.name}' integers in [0, {self.high})" if self.high else f"'{self.name}' uniform [0, 1)"
+
+
+_PASS_THROUGH = {"Cast", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity"}  # keep the values an id holds
+
+
+def _gather_table(model: onnx.ModelProto, name: str) -> tuple[str, int] | None:
+    """Return (table, rows) of the Gather whose indices are input `name` (through Cast/Reshape-like nodes) and
+    whose table is an initializer; None when the input indexes no table."""
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for i in node.input:
+            consumers.setdefault(i, []).append(node)
+    inits = {t.name: t for t in model.graph.initializer}
+    frontier, seen = [name], set()
+    while frontier:
+        tensor = frontier.pop()
+        seen.add(tensor)
+        for node in consumers.get(tensor, []):
+            if node.op_type == "Gather" and len(node.input) > 1 and node.input[1] == tensor and node.input[0] in inits:
+                axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+                dims = inits[node.input[0]].dims
+                return node.input[0], int(dims[axis])
+            if node.op_type in _PASS_THROUGH and node.input[0] == tensor:
+                frontier += [o for o in node.output if o not in seen]
+    return None
 
 
 @dataclass
@@ -79,9 +115,30 @@ def input_infos(model: onnx.ModelProto) -> list[InputInfo]:
         if inp.name in inits:
             continue
         tt = inp.type.tensor_type
-        infos.append(InputInfo(inp.name, tuple(d.dim_value for d in tt.shape.dim),
-                               _ONNX_TO_NP.get(tt.elem_type, np.float32)))
+        dtype = _ONNX_TO_NP.get(tt.elem_type, np.float32)
+        shape = tuple(d.dim_value for d in tt.shape.dim)
+        if np.dtype(dtype).kind in "iu":
+            table = _gather_table(model, inp.name)
+            if table is not None:
+                infos.append(InputInfo(inp.name, shape, dtype, high=table[1], vocabulary_of=table[0]))
+                continue
+            infos.append(InputInfo(inp.name, shape, dtype, high=2, mask="mask" in inp.name.lower()))
+        else:
+            infos.append(InputInfo(inp.name, shape, dtype, mask=np.dtype(dtype).kind == "b"))
     return infos
+
+
+def random_input(info: InputInfo, rng: np.random.Generator) -> np.ndarray:
+    """Return one random value of an input: floats uniform in [0, 1), ids within their vocabulary, integers in
+    {0, 1}, masks 1 on a random-length prefix (at least one) of the last axis and 0 after."""
+    if info.mask:
+        if not info.shape:
+            return np.ones((), info.dtype)
+        lengths = rng.integers(1, info.shape[-1] + 1, info.shape[:-1])
+        return (np.arange(info.shape[-1]) < lengths[..., None]).astype(info.dtype)
+    if info.high is not None:
+        return rng.integers(0, info.high, info.shape).astype(info.dtype)
+    return rng.random(info.shape, dtype=np.float32).astype(info.dtype)
 
 
 def random_dataset(infos: list[InputInfo], seed_text: str, n_calib: int = 16, n_eval: int | None = None) -> Dataset:
@@ -94,11 +151,13 @@ def random_dataset(infos: list[InputInfo], seed_text: str, n_calib: int = 16, n_
     rng = np.random.default_rng(seed)
 
     def feed() -> Feed:
-        return {i.name: rng.random(i.shape, dtype=np.float32).astype(i.dtype) for i in infos}
+        return {i.name: random_input(i, rng) for i in infos}
 
     calib = [feed() for _ in range(n_calib)]
+    kinds = "" if all(i.high is None and not i.mask for i in infos) else f": {'; '.join(i.describe() for i in infos)}"
     return Dataset(calib, [feed() for _ in range(n_eval)], None,
-                   description=f"deterministic random uniform [0,1) data ({n_calib} calibration, {n_eval} evaluation)",
+                   description=f"deterministic random uniform [0,1) data ({n_calib} calibration, {n_eval} evaluation)"
+                               f"{kinds}",
                    warnings=["no --calib-data given: calibrated and evaluated on random data; "
                              "quantization encodings and KPIs may not reflect real inputs"])
 

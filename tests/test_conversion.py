@@ -316,3 +316,67 @@ def test_an_erf_gelu_becomes_one_gelu_and_unnamed_nodes_are_named(tmp_path, cach
     assert rows["clip_computed_bounds"]["node"] == "Clip_7" and rows["clip_computed_bounds"]["applied"]
     assert report.kpis["opset_after"] == 21  # ai.onnx Gelu exists from opset 20
     assert report.kpis["equivalence_max_abs_diff"] < 1e-4
+
+
+# --- equivalence: re-association is not a change of function ------------------------------------------
+
+def wide_softmax(path: Path, k: int = 4096, classes: int = 10, offset: float = 64.0) -> Path:
+    """x [1, k] -> MatMul by a weight with a large common part (logits ~offset * sum(x), their spread
+    small) -> Softmax: the softmax turns the logits' float32 rounding into ~1e-3 of its own scale."""
+    w = offset + 0.05 * np.random.default_rng(0).standard_normal((k, classes))
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["logits"], name="fc"),
+             helper.make_node("Softmax", ["logits"], ["probs"], axis=-1, name="softmax")]
+    graph = helper.make_graph(nodes, "wide_softmax", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, k])],
+                              [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [1, classes])],
+                              [numpy_helper.from_array(w.astype(np.float32), "W")])
+    return _save(graph, path)
+
+
+SPLIT_MATMUL = '''
+def split(model, chunks=8, drop_last=False):
+    """MatMul(x, W) -> Sum of MatMul(x[:, chunk], W[chunk]): the same sum added in another order."""
+    from onnx import numpy_helper
+    g = model.graph
+    fc = next(n for n in g.node if n.op_type == "MatMul")
+    w = numpy_helper.to_array(next(t for t in g.initializer if t.name == fc.input[1]))
+    step = w.shape[0] // chunks
+    nodes, parts = [], []
+    for c in range(chunks - (1 if drop_last else 0)):
+        for name, value in ((f"s{c}", c * step), (f"e{c}", (c + 1) * step), (f"a{c}", 1)):
+            g.initializer.append(helper.make_tensor(name, onnx.TensorProto.INT64, [1], [value]))
+        g.initializer.append(numpy_helper.from_array(w[c * step:(c + 1) * step], f"W{c}"))
+        nodes += [helper.make_node("Slice", [fc.input[0], f"s{c}", f"e{c}", f"a{c}"], [f"x{c}"], name=f"slice{c}"),
+                  helper.make_node("MatMul", [f"x{c}", f"W{c}"], [f"p{c}"], name=f"fc{c}")]
+        parts.append(f"p{c}")
+    nodes.append(helper.make_node("Sum", parts, [fc.output[0]], name="fc_sum"))
+    rest = [n for n in g.node if n is not fc]
+    del g.node[:]
+    g.node.extend(nodes + rest)
+    return model
+
+
+def split_dropping_a_chunk(model):
+    return split(model, drop_last=True)
+'''
+
+
+def test_reassociated_reduction_passes_and_a_changed_one_fails(tmp_path, cache):
+    """Issue 22: float re-association moved a softmax by 2.7e-3 of its scale (cosine 0.999996) and a fixed
+    1e-3 tolerance refused it; the source's rounding envelope accepts it, and dropping 1/8 of the sum fails."""
+    path = wide_softmax(tmp_path / "wide_softmax.onnx")
+    rewrite = _write_rewrite(tmp_path, SPLIT_MATMUL)
+    report = _convert(path, cache, rewrites=[f"{rewrite}:split"])
+    assert report.passed, report.problems()
+    split = onnx.load(str(report.artifacts["model"]))
+    assert _ops(report.artifacts["model"])["MatMul"] == 8 and len(split.graph.node) > 3
+    source = onnx.load(str(path))
+    feeds = check_feeds(source, seed_text="wide_softmax")
+    ref, out = run(source, feeds), run(split, feeds)
+    moved = max(float(np.max(np.abs(r["probs"] - o["probs"])) / np.max(np.abs(r["probs"]))) for r, o in zip(ref, out))
+    assert moved > 1e-3, f"the re-association moved the softmax by only {moved:.3g} of its scale: the test proves nothing"
+    assert compare(ref, out).passed is False  # the fixed tolerance alone refuses it, as in the issue
+    assert report.kpis["equivalence_cosine"] > 0.99999
+    with pytest.raises(StepError, match=r"conversion transform 'rewrite .*:split_dropping_a_chunk' changed the "
+                                        r"model's outputs: output 'probs': max \|diff\| .*float rounding in this "
+                                        r"graph moves it by up to"):
+        _convert(path, cache, rewrites=[f"{rewrite}:split_dropping_a_chunk"])

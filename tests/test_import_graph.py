@@ -32,7 +32,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("what is onboarded where: devices and SoCs, models, data, the cache, the conversion transforms, the emulated "
      "devices, the built-in models",
      _modules("devices models target data cache cache_check quantization quantization.* convert convert.* evaluation "
-              "evaluation.* qnn_ops placement profiling estimate emulator emulator.* zoo zoo.* llm llm.gpt llm.convention llm.text "
+              "evaluation.* qnn_ops qnn_errors placement profiling estimate emulator emulator.* zoo zoo.* llm llm.gpt "
+              "llm.convention llm.text "
               "llm.export model_sources")),
     ("transports", _modules("transports transports.* soc_detect telemetry farm.cooldown")),
     ("runner", _modules("runner.base runner.client runner.server_client runner.qnn_net_run farm farm.* sizing")),

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from harness.data import Feed, feeds_digest
+from harness.errors import ConfigError
 from harness.files import sha256_file
 from harness.transports.base import Transport
 
@@ -103,11 +104,21 @@ def input_paths(feeds: list[Feed]) -> list[list[tuple[str, str]]]:
     return [[(name, f"inputs/{i}/{_safe(name)}.raw") for name in feed] for i, feed in enumerate(feeds)]
 
 
+FLOAT32_EXACT_INT = 2 ** 24  # every integer of magnitude up to this is exact in float32
+
+
 def write_input_list(feeds: list[Feed], directory: Path) -> Path:
-    """Write feeds as raw float32 files plus a qnn-net-run input list; return the list's path."""
+    """Write feeds as raw float32 files plus a qnn-net-run input list; return the list's path. Integer and bool
+    inputs travel as float32 too (the runner casts them back to the model's type): exact for token ids, masks and
+    any integer up to 2^24; raises ConfigError naming the input for a larger one, which float32 would round."""
     lines = []
-    for feed, items in zip(feeds, input_paths(feeds)):
+    for k, (feed, items) in enumerate(zip(feeds, input_paths(feeds))):
         for name, rel in items:
+            value = np.asarray(feed[name])
+            if value.dtype.kind in "iu" and value.size and int(np.abs(value).max()) > FLOAT32_EXACT_INT:
+                raise ConfigError(f"input '{name}' (sample {k}, {value.dtype}) holds {int(np.abs(value).max())}: "
+                                  f"inputs travel to the device runner as float32 (qnn-net-run's raw layout), exact "
+                                  f"only up to 2^24 = {FLOAT32_EXACT_INT}; use smaller ids or offsets")
             (directory / rel).parent.mkdir(parents=True, exist_ok=True)
             np.ascontiguousarray(feed[name], dtype=np.float32).tofile(directory / rel)
         lines.append(" ".join(f"{name}:={rel}" for name, rel in items))

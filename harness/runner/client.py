@@ -25,6 +25,7 @@ from harness.data import Feed
 from harness.emulator.device_time import modelled_latency
 from harness.errors import ContextMismatchError, DeviceLostError, DeviceTimeoutError, RunnerError, TransportError
 from harness.placement import refusal_message
+from harness.qnn_errors import explain as explain_qnn
 from harness.runner.base import (CONTEXT_SIDECAR, NodePlacement, RunResult, keep_outputs, push_feeds, push_model,
                                  remote_model_path)
 from harness.runner.qnn_net_run import PYTHON_ENTRY_HINT, QnnNetRun
@@ -104,6 +105,15 @@ class HtpRefusedError(RunnerError):
         soc = transport.soc
         message, refused = refusal_message(Path(model), cpu, f"{soc.name} (v{soc.htp_arch})")
         return cls(f"{Path(model).name}: {message}", refused, device=transport.device_id, argv=argv, rc=rc)
+
+
+class QnnFinalizeError(RunnerError):
+    """The QNN HTP backend could not finalize the model's graph; `summary` says what that means for the model
+    (its largest tensors against the SoC's VTCM and graph memory) and what to try (harness.qnn_errors)."""
+
+    def __init__(self, message: str, summary: str, **kwargs) -> None:
+        super().__init__(message, **kwargs)
+        self.summary = summary
 
 
 @dataclass(frozen=True)
@@ -346,6 +356,10 @@ class DeviceRunner:
             if report.get("refused_nodes") is not None:
                 raise HtpRefusedError.from_report(model, report, self.transport, argv, result.rc)
             if report.get("error"):
+                explained = explain_qnn(Path(model), self.transport.soc, report["error"], result.stderr)
+                if explained is not None:
+                    raise QnnFinalizeError(f"device runner ({runtime}) on {Path(model).name}: {explained}",
+                                           explained, device=self.transport.device_id, argv=argv, rc=result.rc)
                 raise RunnerError(f"device runner ({runtime}) on {Path(model).name}: {report['error']}",
                                   device=self.transport.device_id, argv=argv, rc=result.rc)
             outputs = read_results(out_dir, report)

@@ -25,6 +25,7 @@ from harness.emulator.device_time import record_graph_cost
 from harness.errors import RunnerError, StepError
 from harness.files import sha256_file
 from harness.kpi import Limit
+from harness.qnn_errors import explain as explain_qnn
 from harness.runner.base import CONTEXT_SIDECAR, RunResult
 from harness.runner.client import ContextTarget, DeviceRunner, HtpRefusedError
 from harness.steps.feasibility import map_placement
@@ -130,6 +131,9 @@ def compile_context(model: Path, soc: SocSpec, cache: ArtifactCache, *,
         except StepError:
             raise
         except Exception as e:
+            explained = explain_qnn(model, soc, str(e))
+            if explained is not None:
+                raise StepError(f"compiling {model.name} into a context binary for {soc.id}: {explained}") from None
             hint = ("; some nodes cannot run on the HTP: run the feasibility step to see which"
                     if "fallback to CPU EP has been explicitly disabled" in str(e) else "")
             raise StepError(f"compiling {model.name} into a context binary for {soc.id} (v{soc.htp_arch}) "

@@ -13,7 +13,7 @@ from pathlib import Path
 import onnx
 
 from harness.cache import ArtifactCache, content_key
-from harness.convert import constants, copy_model, opset, rewrites, simplify
+from harness.convert import constants, copy_model, opset, rewrites, rounding, simplify
 from harness.convert.equivalence import Equivalence, RunFailed, check_feeds, compare, run
 from harness.convert.freeze import freeze_inputs, frozen_array
 from harness.convert.shapes import count_nodes, infer_shapes
@@ -23,6 +23,7 @@ from harness.models import ModelSpec, fix_input_shapes, load_onnx
 from harness.steps.report import StepReport
 
 REPORT_FILE = "conversion.json"
+log = logging.getLogger(__name__)
 
 
 def _where(spec: ModelSpec, source: Path) -> str:
@@ -79,18 +80,26 @@ class _Checker:
         self.feeds = check_feeds(fixed, seed_text=spec.name) + _calibration_feeds(spec, fixed)
         frozen = {name: frozen_array(source, name, value, where) for name, value in spec.freeze_inputs.items()}
         self.reference = None
+        self.envelope = None  # the source's outputs under its float rounding envelope (None: not measured)
         self.skipped = ""
+        feeds = [{**feed, **frozen} for feed in self.feeds]
         try:
-            self.reference = run(source, [{**feed, **frozen} for feed in self.feeds])
+            self.reference = run(source, feeds)
         except RunFailed as e:
             self.skipped = f"the source model does not run on the check inputs in onnxruntime ({e})"
+            return
+        try:
+            self.envelope = run(rounding.envelope_model(infer_shapes(fixed), seed=0)[0], self.feeds)
+        except Exception as e:  # shape inference or the perturbed model failed: the fixed tolerance stays
+            log.info("%s: no rounding envelope (%s); the fixed tolerance applies", where,
+                     str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
 
     def check(self, model: onnx.ModelProto) -> Equivalence | None:
         """Return the model's equivalence with the source (None when the source could not run)."""
         if self.reference is None:
             return None
         try:
-            return compare(self.reference, run(model, self.feeds))
+            return compare(self.reference, run(model, self.feeds), self.envelope)
         except RunFailed as e:
             return Equivalence(float("inf"), 0.0, "", 0.0, f"onnxruntime cannot run it: {e}")
 
@@ -227,7 +236,7 @@ def _cache_key(source: Path, fixed_model: Path, spec: ModelSpec) -> str:
     import onnxruntime
 
     files = [Path(r.rpartition(":")[0]) for r in spec.rewrites if r.rpartition(":")[0].endswith(".py")]
-    return content_key("converted-v2", source, fixed_model, spec.freeze_inputs, list(spec.rewrites),
+    return content_key("converted-v3", source, fixed_model, spec.freeze_inputs, list(spec.rewrites),
                        str(spec.calib_data or ""),
                        [f for f in files if f.is_file()], simplify.library_version(),
                        onnx.__version__, onnxruntime.__version__)

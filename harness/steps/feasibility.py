@@ -19,7 +19,7 @@ from harness.qnn_ops import (CONTROL_FLOW_OPS, QNN_EP_OPS_SOURCE, REMOVED_BEFORE
                              walk_nodes)
 from harness.quantization.prequantized import InexactQuantization
 from harness.runner.base import NodePlacement
-from harness.runner.client import DeviceRunner, HtpRefusedError
+from harness.runner.client import DeviceRunner, HtpRefusedError, QnnFinalizeError
 from harness.steps.report import StepReport
 
 _TOKEN_SUFFIX = re.compile(r"^(?P<base>.+?)(_token_\d+)+$")
@@ -100,6 +100,7 @@ class FormPlacement:
     outside: list[GraphNode] = field(default_factory=list)  # then: nodes whose op type the QNN EP lacks
     boundary_qdq_on_cpu: int = 0  # Q/DQ nodes at inputs/outputs on the CPU with fallback allowed (not counted)
     boundary_qdq_checked: bool = False  # a fallback-disabled session confirmed they run on the HTP
+    finalize_failed: bool = False  # session_error is the HTP backend's finalization failure, explained
 
     @property
     def unsupported(self) -> list[dict]:
@@ -139,6 +140,8 @@ def place_form(form: str, model_path: Path, float_model: onnx.ModelProto, runner
         run = runner.run(model_path, None, "htp", allow_cpu_fallback=True, placement_only=True)
     except (DeviceLostError, DeviceTimeoutError):
         raise
+    except QnnFinalizeError as e:  # every op has a builder; the backend could not prepare the graph
+        return FormPlacement(form, session_error=e.summary, finalize_failed=True)
     except RunnerError as e:
         source = onnx.load(str(model_path), load_external_data=False)
         said = _RUNNER_PREFIX.sub("", str(e).splitlines()[0])
@@ -168,6 +171,9 @@ def _add_quantized_nodes(placement: FormPlacement, qdq_path: Path, placed: list[
             placement.boundary_qdq_on_cpu = 0
         except (DeviceLostError, DeviceTimeoutError):
             raise
+        except QnnFinalizeError as e:  # the whole graph on the HTP does not fit: not the Q/DQ nodes' doing
+            placement.session_error, placement.finalize_failed = e.summary, True
+            return
         except RunnerError:  # no fallback-disabled session at all: they are what kept it from loading
             refused, placement.boundary_qdq_on_cpu = cpu_qdq, 0
     # Q/DQ nodes beside a node that left the HTP follow it to the CPU: listed, but the op to act on is that node
@@ -282,7 +288,9 @@ def _explain(report: StepReport, model: onnx.ModelProto, forms: dict[str, FormPl
     """Record the failure naming what would not run, and notes on the other form and boundary Q/DQ."""
     htp = f"the {soc.name} HTP (v{soc.htp_arch})"
     checked = ships.label or FORM_LABELS[ships.form]
-    if ships.session_error is not None:
+    if ships.finalize_failed:
+        report.failures.append(f"the {checked} cannot be prepared for {htp}: {ships.session_error}")
+    elif ships.session_error is not None:
         ops = sorted({n.op_type for n in ships.outside})
         report.failures.append(
             f"onnxruntime could not build a session for the {checked} on {htp}, even with CPU fallback "
