@@ -234,18 +234,28 @@ def write_calibration(name: str, entry: ModelEntry, root: Path, models: dict[str
     request = DataRequest(name, {k: tuple(v) for k, v in entry.input_shapes.items()}, entry.data.count, models,
                           entry.data.phrase)
     made = generator(request)
+
+    def fill(tmp: Path) -> None:
+        np.savez(tmp / f"{name}.npz", **made.arrays)
+        (tmp / "description.txt").write_text(made.description + "\n")
+
+    _publish(directory, name, marker, fill)
+    return True
+
+
+def _publish(directory: Path, name: str, marker: str, fill: Callable[[Path], None]) -> None:
+    """Replace directory with a temporary sibling that fill(tmp) wrote and marker sealed (its .complete file), so a
+    reader never sees half of it; return None."""
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=directory.parent))
     try:
-        np.savez(tmp / f"{name}.npz", **made.arrays)
-        (tmp / "description.txt").write_text(made.description + "\n")
+        fill(tmp)
         (tmp / ".complete").write_text(marker)
         if directory.exists():
             shutil.rmtree(directory)
         os.replace(tmp, directory)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return True
 
 
 def write_evaluation(name: str, entry: ModelEntry, root: Path, models: dict[str, Path], archive: Callable[[], Path]
@@ -265,9 +275,8 @@ def write_evaluation(name: str, entry: ModelEntry, root: Path, models: dict[str,
                           f"(known: {', '.join(LABELLED_GENERATORS)})")
     made = generator(DataRequest(f"{name}:evaluation", {k: tuple(v) for k, v in entry.input_shapes.items()},
                                  evaluation.count, models))
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=directory.parent))
-    try:
+
+    def fill(tmp: Path) -> None:
         stack, = made.arrays.values()  # the corpus's labelled models have one input
         rows = io.StringIO()
         writer = csv.writer(rows, lineterminator="\n")
@@ -279,12 +288,8 @@ def write_evaluation(name: str, entry: ModelEntry, root: Path, models: dict[str,
         (tmp / "description.txt").write_text(made.description + "\n")
         if evaluation.charset:
             (tmp / "charset.txt").write_bytes(_read_member(archive(), evaluation.charset))
-        (tmp / ".complete").write_text(marker)
-        if directory.exists():
-            shutil.rmtree(directory)
-        os.replace(tmp, directory)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    _publish(directory, name, marker, fill)
     return True
 
 
