@@ -33,11 +33,11 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
      "devices, the built-in models",
      _modules("devices models target data calibration cache cache_check encodings convert convert.* qnn_ops "
               "placement profiling estimate emulator emulator.* zoo zoo.* llm llm.gpt llm.convention llm.text "
-              "llm.export model_sources")),
+              "llm.export llm.checkpoint llm.gguf_reader llm.hf_reader llm.llama llm.importer model_sources")),
     ("transports", _modules("transports transports.* soc_detect telemetry cooldown")),
     ("runner", _modules("runner.client runner.server_client runner.qnn_net_run farm sizing")),
     ("steps", _modules("steps steps.* soak charts validation baseline latency_ab llm.calibration llm.device "
-                       "llm.steps llm.genie_steps llm.genie_config")),
+                       "llm.steps llm.genie_steps llm.genie_config llm.reference")),
     ("pipelines", _modules("pipeline_base pipeline llm.pipeline")),
     ("session and reports", _modules("session reporting summary allure_report signoff signoff.* profile_view "
                                      "corpus corpus_data")),

@@ -14,7 +14,7 @@ import onnx
 from harness import model_sources
 from harness.cache import content_key
 from harness.errors import ConfigError, StepError
-from harness.llm import calibration, convention, genie_steps, steps, text
+from harness.llm import calibration, convention, genie_steps, importer, reference, steps, text
 from harness.llm.device import FloatJudge
 from harness.llm.genie_config import write_bundle
 from harness.llm.steps import GRAPHS, Pair
@@ -37,9 +37,11 @@ class LlmOnboarding(PipelineBase):
 
     @memoized
     def llm_files(self) -> LlmFiles:
-        """The model's files (the built-in model trained, exported and cached on first use)."""
+        """The model's files (the built-in model trained, exported and cached on first use; a checkpoint's pair
+        built and cached on first use)."""
         self._require_llm()
-        return model_sources.llm_files(self.target.model, self.cache)
+        files = model_sources.llm_files(self.target.model, self.cache)
+        return importer.import_files(files, self.cache) if files.checkpoint is not None else files
 
     @memoized
     def llm_source_pair(self) -> convention.PairInfo:
@@ -112,8 +114,16 @@ class LlmOnboarding(PipelineBase):
 
     @memoized
     def llm_conversion(self) -> StepReport:
-        """LLM Step 2: both graphs converted, the pair still in Genie's convention."""
-        return steps.llm_conversion(self.llm_conversions(), self.llm_pair())
+        """LLM Step 2: both graphs converted, the pair still in Genie's convention; an imported checkpoint's float
+        pair against the independent reference (transformers) on the prompts."""
+        report = steps.llm_conversion(self.llm_conversions(), self.llm_pair())
+        files = self.llm_files()
+        if files.checkpoint is not None:
+            floats = self.llm_float_pair()
+            prompts = [list(p.ids) for p in self.llm_prompts()]
+            reference.add_reference(report, floats.prefill, floats.decode, files.prefill, files.checkpoint, prompts,
+                                    self.cache)
+        return report
 
     @memoized
     def llm_feasibility(self) -> StepReport:
