@@ -144,7 +144,7 @@ def _tokenizer_json(f: _Fields) -> tuple[str, list[str]]:
                          "BPE tokenizers ('gpt2'); for a SentencePiece model use its Hugging Face directory "
                          "(tokenizer.json)")
     tokens = [str(t) for t in f.get("tokenizer.ggml.tokens")]
-    merges = [tuple(str(m).split(" ", 1)) for m in f.get("tokenizer.ggml.merges")]
+    merges = [tuple(str(m).split(" ", 1)) for m in f.get("tokenizer.ggml.merges", [])]
     types = list(f.get("tokenizer.ggml.token_type", [1] * len(tokens)))
     tokenizer = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
                                      fuse_unk=False, byte_fallback=False))
