@@ -37,7 +37,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("transports", _modules("transports transports.* soc_detect telemetry cooldown")),
     ("runner", _modules("runner.client runner.server_client runner.qnn_net_run farm sizing")),
     ("steps", _modules("steps steps.* soak charts validation baseline latency_ab llm.calibration llm.device "
-                       "llm.steps llm.genie_steps llm.genie_config llm.reference")),
+                       "llm.steps llm.genie_steps llm.genie_config llm.reference llm.ceiling")),
     ("pipelines", _modules("pipeline_base pipeline llm.pipeline")),
     ("session and reports", _modules("session reporting summary allure_report signoff signoff.* profile_view "
                                      "corpus corpus_data")),

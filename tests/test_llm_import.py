@@ -264,3 +264,31 @@ def test_the_published_smollm2_gguf_imports_and_agrees_with_transformers(tmp_pat
     ref = reference.reference_outputs(path, prompts, ArtifactCache(tmp_path / "cache"))
     for row in reference.compare(logits, ref.logits):
         assert row["top1_agreement"] == 1.0 and row["cosine_min"] >= reference.MIN_COSINE, row
+
+
+def test_the_bandwidth_ceiling_counts_weights_once_and_an_embedding_table_at_one_row(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from harness.devices import load_devices_file
+    from harness.llm.ceiling import decode_ceiling
+
+    table = numpy_helper.from_array(np.zeros((10, 100), np.uint8), "table_q")
+    weight = numpy_helper.from_array(np.zeros((100, 40), np.uint8), "w_q")
+    scale, zero = numpy_helper.from_array(np.array(0.1, np.float32), "s"), numpy_helper.from_array(np.array(0, np.uint8), "z")
+    nodes = [helper.make_node("DequantizeLinear", ["table_q", "s", "z"], ["table"]),
+             helper.make_node("DequantizeLinear", ["w_q", "s", "z"], ["w"]),
+             helper.make_node("Gather", ["table", "ids"], ["x"], axis=0),
+             helper.make_node("MatMul", ["x", "w"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 40])],
+                              [table, weight, scale, zero])
+    path = tmp_path / "decode.onnx"
+    onnx.save(helper.make_model(graph), str(path))
+    soc = load_devices_file(None).soc("sm8650")
+    kpis = decode_ceiling(path, 900, soc, measured_tokens_per_s=None)
+    weights = 100 + 100 * 40 + 4 + 1  # one table row, the matrix, the scale and zero point
+    assert kpis["decode_weight_bytes_per_token"] == weights
+    assert kpis["decode_bandwidth_ceiling_tokens_per_s"] == round(76.8e9 / (weights + 900), 1)
+    assert kpis["decode_bandwidth_ceiling_basis"].startswith("estimate: ") and "76.8 GB/s" in kpis["decode_bandwidth_ceiling_basis"]
+    assert round(76.8e9 / (1.24e9 * 0.5)) == 124  # the figure for Llama 3.2 1B at 4 bits: the same arithmetic

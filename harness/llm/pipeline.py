@@ -14,7 +14,7 @@ import onnx
 from harness import model_sources
 from harness.cache import content_key
 from harness.errors import ConfigError, StepError
-from harness.llm import calibration, convention, genie_steps, importer, reference, steps, text
+from harness.llm import calibration, ceiling, convention, genie_steps, importer, reference, steps, text
 from harness.llm.device import FloatJudge
 from harness.llm.genie_config import write_bundle
 from harness.llm.steps import GRAPHS, Pair
@@ -187,9 +187,14 @@ class LlmOnboarding(PipelineBase):
         judge = FloatJudge(floats.prefill, floats.decode, self.target.model.thresholds.greedy_tie_margin)
         prompts = self.llm_prompts()
         reference = self.llm_accuracy().kpis["float_generations"]
-        return genie_steps.genie_runtime(self.runner, device, prompts, files.max_new_tokens, judge, reference,
-                                         self.llm_tokenizer(), pair.context_length, self.target.model.thresholds,
-                                         self._run_dir("genie_runtime"))
+        report = genie_steps.genie_runtime(self.runner, device, prompts, files.max_new_tokens, judge, reference,
+                                           self.llm_tokenizer(), pair.context_length, self.target.model.thresholds,
+                                           self._run_dir("genie_runtime"))
+        act_bytes = 2 if calibration.LLM_RECIPES[self.llm_recipe].activation_type == "QUInt16" else 1
+        report.kpis |= ceiling.decode_ceiling(self.llm_quantized(self.llm_recipe).decode,
+                                              steps.kv_cache_bytes(pair, act_bytes), self.target.soc,
+                                              report.kpis.get("tokens_per_s"))
+        return report
 
     @memoized
     def genie_stress(self) -> StepReport:
