@@ -95,6 +95,8 @@ class LlmEntry(BaseModel):
     sha256: str
     context_length: int = 128
     prefill_ar: int = 32
+    eval_windows: int = 48
+    max_new_tokens: int = 16
     thresholds: dict[str, float | int] = {}
     exercises: str = ""
 
@@ -265,7 +267,8 @@ def llm_spec_text(name: str, entry: LlmEntry, package: PackageEntry) -> str:
     """Return the kind-llm model spec YAML of a corpus language model (its checkpoint; texts and prompts default)."""
     spec: dict = {"name": name, "kind": "llm",
                   "llm": {"checkpoint": llm_checkpoint_path(Path("."), name).as_posix(),
-                          "context_length": entry.context_length, "prefill_ar": entry.prefill_ar}}
+                          "context_length": entry.context_length, "prefill_ar": entry.prefill_ar,
+                          "eval_windows": entry.eval_windows, "max_new_tokens": entry.max_new_tokens}}
     if entry.thresholds:
         spec["thresholds"] = entry.thresholds
     header = (f"# {name}: {entry.member} from {package.requirement} (written by `python -m harness corpus fetch`)\n"

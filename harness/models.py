@@ -114,6 +114,7 @@ class _LlmSpec(BaseModel):
                                                                  "checkpoint: user messages in its chat template)")
     max_new_tokens: int = Field(16, ge=1, description="tokens generated per prompt")
     stop_token: str | None = Field(None, description="the end-of-text token (stops generation)")
+    eval_windows: int = Field(48, ge=1, description="held-out windows of AR tokens scored for perplexity")
 
 
 class _SpecFile(BaseModel):
@@ -146,6 +147,7 @@ class LlmFiles:
     checkpoint: Path | None = None
     context_length: int = 128
     prefill_ar: int = 32
+    eval_windows: int = 48
 
 
 @dataclass(frozen=True)
@@ -440,7 +442,7 @@ def _llm_spec(path: Path, spec: _SpecFile, calib_data: Path | None) -> ModelSpec
                      tokenizer=resolve("tokenizer", llm.tokenizer), eval_text=resolve("eval_text", llm.eval_text),
                      calib_text=resolve("calib_text", llm.calib_text), prompts=tuple(llm.prompts),
                      max_new_tokens=llm.max_new_tokens, stop_token=llm.stop_token, checkpoint=checkpoint,
-                     context_length=llm.context_length, prefill_ar=llm.prefill_ar)
+                     context_length=llm.context_length, prefill_ar=llm.prefill_ar, eval_windows=llm.eval_windows)
     return ModelSpec(name=spec.name or _name_from_path(checkpoint or files.prefill), source=str(path.resolve()),
                      path=None, calib_data=calib_data, thresholds=spec.thresholds, kind="llm", llm=files)
 

@@ -29,7 +29,7 @@ from harness.models import LlmFiles
 __all__ = ["DEFAULT_PROMPTS", "IMPORT_FILE", "checkpoint_digest", "chat_prompt", "import_files", "read_checkpoint",
            "write_import"]
 
-IMPORT_VERSION = 1  # bump when the graphs or files an import writes change
+IMPORT_VERSION = 2  # bump when the graphs or files an import writes change
 IMPORT_FILE = "import.json"
 DEFAULT_PROMPTS = ("What is the capital of France?", "Name three primary colors.",
                    "How many legs does a spider have?", "Write one sentence about the sea.")

@@ -6,8 +6,11 @@ past_key_{l}_in [H, 1, Dh, CL-AR], past_value_{l}_in [H, 1, CL-AR, Dh] -> logits
 entries past_key_{l}_out [H, 1, Dh, AR], past_value_{l}_out [H, 1, AR, Dh]. Positions index cos/sin tables of
 the rotary embedding inside the graph, so Genie feeds them as it does learned positions ("absolute").
 
-Each block (Hugging Face's LlamaDecoderLayer): RMSNorm (Mul, ReduceMean, Add, Sqrt, Div, Mul: opset 17 has no
-RMSNormalization), Q/K/V projections (+ biases for Qwen2), RoPE in rotate-half form (q * cos + swap_halves(q)
+Each block (Hugging Face's LlamaDecoderLayer): RMSNorm as LpNormalization(x) * (w * sqrt(D)) (opset 17 has no
+RMSNormalization; the written-out x^2 / mean / sqrt has a range a quantized activation cannot hold: the residual
+stream's outlier tokens square to ~1e6 and every ordinary token's mean square rounds to 0, which made w8a16
+perplexity ~1e6; the unit-norm output stays in [-1, 1], and the HTP runs LpNormalization as its L2Norm; eps
+enters exactly as one padded element sqrt(D eps), sliced off after), Q/K/V projections (+ biases for Qwen2), RoPE in rotate-half form (q * cos + swap_halves(q)
 * sin_signed), grouped-query attention over the cache (each KV head's G query heads stacked along the rows of
 one MatMul, so no MatMul broadcasts), SwiGLU (gate * Sigmoid(gate) * up), residuals. Both graphs hold the same
 initializers and intermediate names (reshape constants use -1 for AR), so encodings computed on one apply to
@@ -117,10 +120,13 @@ class LlamaGraphs:
         return y
 
     def _rms_norm(self, a: _Author, x: ir.Value, hf: str, out: str, c: dict[str, ir.Value]) -> ir.Value:
-        ms = a.op("ReduceMean", [a.op("Mul", [x, x], f"{out}.square")], f"{out}.mean_square", axes=[-1], keepdims=1)
-        rms = a.op("Sqrt", [a.op("Add", [ms, c["eps"]], f"{out}.add_eps")], f"{out}.rms")
-        normed = a.op("Div", [x, rms], f"{out}.normed")
-        return a.op("Mul", [normed, a.const(f"{out}.weight", self.checkpoint.weight(hf))], f"{out}.out")
+        """Return RMSNorm(x) * w exactly, as LpNormalization: x / sqrt(mean(x^2) + eps) = sqrt(D) x / |[x, e]| with
+        e = sqrt(D eps) padded on as one more element (and sliced off after), times w * sqrt(D)."""
+        padded = a.op("Pad", [x, c["eps_pad"], c["eps_value"]], f"{out}.padded")
+        normed = a.op("LpNormalization", [padded], f"{out}.normed_padded", axis=-1, p=2)
+        normed = a.op("Slice", [normed, c["zero"], c["hidden"], c["axis2"]], f"{out}.normed")
+        weight = self.checkpoint.weight(hf) * np.float32(math.sqrt(self.config.hidden))
+        return a.op("Mul", [normed, a.const(f"{out}.weight", weight)], f"{out}.out")
 
     def _rope(self, a: _Author, x: ir.Value, out: str, c: dict[str, ir.Value]) -> ir.Value:
         """Return x [1, AR, heads, Dh] rotated by its positions."""
@@ -183,7 +189,10 @@ class LlamaGraphs:
         cfg, i64 = self.config, np.int64
         hq, hkv, dh = cfg.heads, cfg.kv_heads, cfg.head_dim
         c = {v.name: v for v in inputs}
-        c |= {"eps": a.const("const.rms_eps", np.array(cfg.rms_eps, np.float32)),
+        c |= {"eps_pad": a.const("const.rms_eps_pads", np.array([0, 0, 0, 0, 0, 1], i64)),
+              "eps_value": a.const("const.rms_eps_value", np.array(math.sqrt(cfg.hidden * cfg.rms_eps), np.float32)),
+              "hidden": a.const("const.hidden", np.array([cfg.hidden], i64)),
+              "axis2": a.const("const.axis2", np.array([2], i64)),
               "scale": a.const("const.attn_scale", np.array(1.0 / math.sqrt(dh), np.float32)),
               "q_heads": a.const("const.q_heads_shape", np.array([1, -1, hq, dh], i64)),
               "kv_heads": a.const("const.kv_heads_shape", np.array([1, -1, hkv, dh], i64)),

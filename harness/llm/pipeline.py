@@ -23,7 +23,6 @@ from harness.pipeline_base import PipelineBase, memoized
 from harness.steps import context_binary, conversion, feasibility, ptq
 from harness.steps.report import StepReport
 
-EVAL_WINDOWS = 48  # held-out windows of AR tokens scored for perplexity (~1,500 tokens for tiny_gpt)
 CALIBRATION_SEQUENCES = 8
 
 
@@ -141,7 +140,7 @@ class LlmOnboarding(PipelineBase):
         """LLM Step 3: perplexity on host and HTP, greedy agreement, the recipe sweep."""
         files, tokenizer, pair = self.llm_files(), self.llm_tokenizer(), self.llm_pair()
         ids = text.token_ids(tokenizer, text.read_text(files.eval_text, "eval"))
-        windows = text.nll_windows(ids, pair.prefill_ar, EVAL_WINDOWS)
+        windows = text.nll_windows(ids, pair.prefill_ar, files.eval_windows)
         prompts = text.prompts(files, tokenizer, pair.context_length, files.max_new_tokens)
         quantized = {name: self.llm_quantized(name) for name in calibration.LLM_RECIPES}
         return steps.llm_accuracy(self.llm_float_pair(), quantized, self.llm_recipe, windows, prompts,
