@@ -100,7 +100,8 @@ class LlmOnboarding(PipelineBase):
         key = f"llm_quantized_{recipe}"
         if key not in self._memo:
             cal, floats = self.llm_calibration(), self.llm_float_pair()
-            quant = calibration.pair_recipe(recipe, cal, self.llm_pair(), floats.prefill)
+            quant = calibration.pair_recipe(recipe, cal, self.llm_pair(), floats.prefill,
+                                            per_channel_weights=self.llm_files().checkpoint is not None)
             self._memo[key] = Pair(*(ptq.quantize(floats.graph(g), cal.feeds(g), quant, self.cache) for g in GRAPHS))
         return self._memo[key]
 
