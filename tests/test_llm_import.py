@@ -292,3 +292,51 @@ def test_the_bandwidth_ceiling_counts_weights_once_and_an_embedding_table_at_one
     assert kpis["decode_bandwidth_ceiling_tokens_per_s"] == round(76.8e9 / (weights + 900), 1)
     assert kpis["decode_bandwidth_ceiling_basis"].startswith("estimate: ") and "76.8 GB/s" in kpis["decode_bandwidth_ceiling_basis"]
     assert round(76.8e9 / (1.24e9 * 0.5)) == 124  # the figure for Llama 3.2 1B at 4 bits: the same arithmetic
+
+
+@pytest.mark.real_models
+@pytest.mark.slow
+# about 50 minutes on 2 shared cores: the HTP simulator runs a 135M-parameter model at ~20 s per AR-32 call
+@pytest.mark.timeout(5400)
+def test_smollm2_from_its_gguf_through_the_llm_suites_and_genie(pytester, session_cache_dir):
+    from real_models_helpers import real_model_spec
+
+    from harness.plugin.llm import LLM_STEPS
+
+    suites = Path(__file__).resolve().parent.parent / "suites"
+    kpi = pytester.path / "kpi.json"
+    result = pytester.runpytest_subprocess(
+        str(suites), "--device", "sm8650", "--model", str(real_model_spec("smollm2_135m")), "--cache-dir",
+        str(session_cache_dir), "--kpi-json", str(kpi), "-p", "no:cacheprovider", "-k", "llm or genie",
+        "--genie-stress-rounds", "1", "--genie-stress-concurrent", "1")
+    steps = {r["step"]: r for r in json.loads(kpi.read_text())["records"]}
+    assert {s: steps[s]["outcome"] for s in LLM_STEPS} == {s: "passed" for s in LLM_STEPS}, result.stdout.str()[-3000:]
+    conversion = steps["llm_conversion"]["kpis"]
+    assert conversion["reference_top1_agreement"] == 1.0 and conversion["reference_cosine_min"] >= 0.999
+    assert conversion["reference"].startswith("transformers") and conversion["architecture"] == "llama"
+    accuracy = steps["llm_accuracy"]["kpis"]
+    assert accuracy["perplexity_htp"] <= accuracy["perplexity_float_host"] * 1.10
+    genie = steps["genie_runtime"]["kpis"]
+    assert genie["tokens_per_s"] > 0 and genie["time_to_first_token_ms_min"] > 0
+    assert genie["decode_bandwidth_ceiling_basis"].startswith("estimate:")
+    assert 400 < genie["decode_bandwidth_ceiling_tokens_per_s"] < 800  # ~135 MB of 8-bit weights over 76.8 GB/s
+
+
+def test_a_checkpoint_spec_needs_nothing_else_and_names_a_missing_or_mixed_checkpoint(tmp_path):
+    import yaml
+
+    from harness.errors import ConfigError
+    from harness.models import resolve_model
+
+    write_gguf(tmp_path / "tiny.gguf")
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(yaml.safe_dump({"kind": "llm", "llm": {"checkpoint": "tiny.gguf"}}))
+    model = resolve_model(str(spec), {}, None)
+    assert model.name == "tiny" and model.llm.checkpoint == tmp_path / "tiny.gguf" and model.llm.prefill is None
+    assert (model.llm.context_length, model.llm.prefill_ar, model.llm.eval_windows) == (128, 32, 48)
+    spec.write_text(yaml.safe_dump({"kind": "llm", "llm": {"checkpoint": "nope.gguf"}}))
+    with pytest.raises(ModelError, match="llm.checkpoint 'nope.gguf' does not exist"):
+        resolve_model(str(spec), {}, None)
+    spec.write_text(yaml.safe_dump({"kind": "llm", "llm": {"checkpoint": "tiny.gguf", "prefill": "p.onnx"}}))
+    with pytest.raises(ConfigError, match="either `checkpoint:`"):
+        resolve_model(str(spec), {}, None)
