@@ -7,6 +7,7 @@ of the corpus (`python -m harness corpus fetch`) runs under the real_models mark
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -296,7 +297,10 @@ def test_the_bandwidth_ceiling_counts_weights_once_and_an_embedding_table_at_one
 
 @pytest.mark.real_models
 @pytest.mark.slow
-# about 50 minutes on 2 shared cores: the HTP simulator runs a 135M-parameter model at ~20 s per AR-32 call
+# about 60 minutes on 2 shared cores (the HTP simulator runs this 135M-parameter model at ~20 s per call: accuracy
+# 34 min, Genie 12 min, feasibility 15 min), over CI's budget: opt in with HARNESS_RUN_LLM_CORPUS=1
+@pytest.mark.skipif(not os.environ.get("HARNESS_RUN_LLM_CORPUS"), reason="about an hour on the HTP simulator: "
+                    "set HARNESS_RUN_LLM_CORPUS=1")
 @pytest.mark.timeout(5400)
 def test_smollm2_from_its_gguf_through_the_llm_suites_and_genie(pytester, session_cache_dir):
     from real_models_helpers import real_model_spec
@@ -307,15 +311,16 @@ def test_smollm2_from_its_gguf_through_the_llm_suites_and_genie(pytester, sessio
     kpi = pytester.path / "kpi.json"
     result = pytester.runpytest_subprocess(
         str(suites), "--device", "sm8650", "--model", str(real_model_spec("smollm2_135m")), "--cache-dir",
-        str(session_cache_dir), "--kpi-json", str(kpi), "-p", "no:cacheprovider", "-k", "llm or genie",
-        "--genie-stress-rounds", "1", "--genie-stress-concurrent", "1")
+        str(session_cache_dir), "--kpi-json", str(kpi), "-p", "no:cacheprovider", "-k", "llm or genie_runtime")
     steps = {r["step"]: r for r in json.loads(kpi.read_text())["records"]}
-    assert {s: steps[s]["outcome"] for s in LLM_STEPS} == {s: "passed" for s in LLM_STEPS}, result.stdout.str()[-3000:]
+    # 4 prompts cannot resolve greedy_agreement >= 0.75 statistically (about 16 are needed): inconclusive at best
+    expected = {s: "passed" for s in LLM_STEPS if s != "genie_stress"} | {"llm_accuracy": "inconclusive"}
+    assert {s: steps[s]["outcome"] for s in expected} == expected, result.stdout.str()[-3000:]
     conversion = steps["llm_conversion"]["kpis"]
     assert conversion["reference_top1_agreement"] == 1.0 and conversion["reference_cosine_min"] >= 0.999
     assert conversion["reference"].startswith("transformers") and conversion["architecture"] == "llama"
     accuracy = steps["llm_accuracy"]["kpis"]
-    assert accuracy["perplexity_htp"] <= accuracy["perplexity_float_host"] * 1.10
+    assert accuracy["perplexity_htp"] <= accuracy["perplexity_float_host"] * 1.10 and accuracy["greedy_agreement"] >= 0.75
     genie = steps["genie_runtime"]["kpis"]
     assert genie["tokens_per_s"] > 0 and genie["time_to_first_token_ms_min"] > 0
     assert genie["decode_bandwidth_ceiling_basis"].startswith("estimate:")
