@@ -29,6 +29,7 @@ sys.path[:0] = [str(REPO)]
 from harness.cache import ArtifactCache  # noqa: E402
 from harness.devices import load_devices_file  # noqa: E402
 from harness.models import resolve_model  # noqa: E402
+from harness.options import AccuracyOptions  # noqa: E402
 from harness.pipeline import Onboarding, Target  # noqa: E402
 from harness.runner.client import DeviceRunner  # noqa: E402
 from harness.steps import aimet_recovery as ar  # noqa: E402
@@ -52,7 +53,7 @@ def bench(name: str, devices, work: Path) -> dict:
     runner = DeviceRunner(transport)
     try:
         ob = Onboarding(Target(dev, devices.soc(dev.soc), resolve_model(name, {}, None)), runner, cache,
-                        accuracy=ar.RecoveryOptions(aimet="on"))
+                        accuracy=AccuracyOptions(aimet="on"))
         prep_s, _ = timed(lambda: (ob.ptq(), ob.error_isolation(), ob.sweep()))
         start = ob._mixed_precision_start()
         mp_s, mixed = timed(ob.mixed_precision)

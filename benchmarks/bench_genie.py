@@ -46,13 +46,15 @@ def _onboarding(cache_dir: Path, sandbox: Path):
 def side_by_side(cache_dir: Path, rounds: int) -> None:
     from harness.llm.device import device_generate
     from harness.llm.genie_steps import GENIE_RUNNER, _prompts_file, push_bundle
+    from harness.llm.steps import Pair
 
     with tempfile.TemporaryDirectory(prefix="bench-genie-") as tmp:
         onboarding, transport = _onboarding(cache_dir, Path(tmp) / "device")
         try:
             runner, files = onboarding.runner, onboarding.llm_files()
             prompts = [list(p.ids) for p in onboarding.llm_prompts()]
-            ctx = onboarding.llm_context_pair()
+            binaries = onboarding.llm_context_binaries()
+            ctx = Pair(binaries["prefill"].model, binaries["decode"].model)
             bundle = onboarding.llm_genie_bundle()
             genie = push_bundle(runner, bundle, bundle.name)
             max_new = files.max_new_tokens

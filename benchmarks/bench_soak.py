@@ -24,7 +24,6 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,6 +33,7 @@ from harness.cache import DEFAULT_CACHE_DIR, ArtifactCache  # noqa: E402
 from harness.devices import load_devices_file  # noqa: E402
 from harness.model_sources import dataset_for, source_model  # noqa: E402
 from harness.models import ModelSpec  # noqa: E402
+from harness.runner.base import push_model  # noqa: E402
 from harness.runner.client import DeviceRunner, SoakSpec  # noqa: E402
 from harness.soak import soak_run  # noqa: E402
 from harness.steps import conversion, ptq  # noqa: E402
@@ -71,7 +71,7 @@ def raw_loop(runner: DeviceRunner, ctx_model: Path, feed: dict, seconds: float, 
     np.ascontiguousarray(next(iter(feed.values())), dtype=np.float32).tofile(raw)
     transport.push(script, "bench/raw_loop.py")
     transport.push(raw, "bench/input.raw")
-    remote = runner.push_model(ctx_model)
+    remote = push_model(runner.transport, ctx_model)
     soc = transport.soc
     result = transport.run([*transport.python, "bench/raw_loop.py", remote, repr(seconds), str(soc.htp_arch),
                             str(soc.soc_model), "bench/input.raw"], timeout_s=seconds + 120)

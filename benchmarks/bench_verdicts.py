@@ -20,6 +20,9 @@ and the flips, then the false-alarm rate (unchanged runs with any failed step) a
     python benchmarks/bench_verdicts.py [--runs 10] [--planted 10] [--models digits_cnn,ppocrv5_cls,mtcnn_pnet]
         [--soak-duration 15] [--suites all|fast] [--work DIR]
 
+Each run's KPI JSON is kept in --work; run again with the same --work and the runs already there are reused
+(an interrupted benchmark resumes where it stopped).
+
 `--suites fast` runs the accuracy, profile, Step 7 and regression suites only (no sweep, mixed precision or
 AIMET: they only run when PTQ misses), which is what a regression gate reads.
 """
@@ -70,6 +73,9 @@ def model_arg(name: str) -> str:
 def run_suites(model: str, work: Path, tag: str, args, extra: list[str], devices_file: Path | None = None) -> dict:
     """Run the suites once; return {step: (outcome, message, kpis)} from its --kpi-json."""
     kpi_json = work / f"{tag}.json"
+    if kpi_json.is_file():  # a run an interrupted benchmark finished in the same --work: resumed, not re-run
+        print(f"  {tag}: reused from {kpi_json}", flush=True)
+        return _outcomes(kpi_json)
     suites = FAST_SUITES if args.suites == "fast" else ["suites/"]
     cmd = [sys.executable, "-m", "pytest", *suites, "-q", "-p", "no:cacheprovider", "--device", "sm8650",
            "--model", model_arg(model), "--kpi-json", str(kpi_json), "-m", "not llm",
@@ -78,11 +84,19 @@ def run_suites(model: str, work: Path, tag: str, args, extra: list[str], devices
     if devices_file is not None:
         env["HARNESS_DEVICES_FILE"] = str(devices_file)
     started = time.monotonic()
+    partial = kpi_json.with_suffix(".partial.json")  # renamed into place once complete, so a resume trusts it
+    cmd[cmd.index(str(kpi_json))] = str(partial)
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
-    if not kpi_json.is_file():
+    if not partial.is_file():
         raise SystemExit(f"{tag}: no KPI JSON (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}")
-    records = json.loads(kpi_json.read_text())["records"]
+    partial.replace(kpi_json)
     print(f"  {tag}: exit {proc.returncode} in {time.monotonic() - started:.0f} s", flush=True)
+    return _outcomes(kpi_json)
+
+
+def _outcomes(kpi_json: Path) -> dict:
+    """Return {step: (outcome, message, kpis)} of a --kpi-json file."""
+    records = json.loads(kpi_json.read_text())["records"]
     return {r["step"]: (r["outcome"], r.get("message", ""), r.get("kpis", {})) for r in records}
 
 
@@ -102,7 +116,7 @@ def worse_encodings(model: str, work: Path, clip: float) -> Path:
 
     from harness.cache import DEFAULT_CACHE_DIR, ArtifactCache
     from harness.devices import load_devices_file
-    from harness.encodings import export_encodings, write_encodings
+    from harness.quantization.export import export_encodings, write_encodings
     from harness.models import resolve_models
     from harness.pipeline import Onboarding, Target
     from harness.runner.client import DeviceRunner
@@ -149,6 +163,12 @@ def main() -> int:
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-verdicts-"))
     work.mkdir(parents=True, exist_ok=True)
+    from harness.models import ZOO_MODELS
+
+    unknown = [m for m in args.models.split(",") if not Path(model_arg(m)).is_file() and m not in ZOO_MODELS]
+    if unknown:  # before hours of runs, not after the first model's
+        raise SystemExit(f"not a built-in model nor a fetched corpus model: {', '.join(unknown)} "
+                         "(`python -m harness corpus fetch` fetches the corpus)")
     print(f"work directory {work}; {args.runs} unchanged and {args.planted} planted runs per model and plant")
     outcomes: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     flips: collections.Counter = collections.Counter()

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from harness import allure_report, corpus, profile_view, signoff
+from harness import corpus, profile_view, signoff
+from harness.reporting import report_cli
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -13,7 +14,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     profile_view.add_parser(sub)
-    allure_report.add_parser(sub)
+    report_cli.add_parser(sub)
     signoff.add_parser(sub)
     corpus.add_parser(sub)
     args = parser.parse_args(argv)

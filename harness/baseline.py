@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
@@ -33,13 +33,13 @@ from harness.clock import now_iso
 from harness.errors import ConfigError, HarnessError
 from harness.files import sha256_file, write_text_atomically
 from harness.json_values import json_default
+from harness.reporting.records import StepRecord
 from harness.repeats import min_unpaired_p, paired, unpaired_p
 from harness.versions import harness_version
 
 if TYPE_CHECKING:
     from harness.cache import ArtifactCache
     from harness.models import ModelSpec
-    from harness.records import StepRecord
     from harness.target import Target
 
 FORMAT = 2
@@ -57,22 +57,14 @@ class BaselineError(HarnessError):
 
 
 @dataclass(frozen=True)
-class StepResult:
-    """One step's outcome (passed, failed, error, skipped) and KPIs."""
-
-    outcome: str
-    kpis: dict[str, Any]
-
-
-@dataclass(frozen=True)
 class Snapshot:
-    """One device × model's step results: a saved baseline, or this run's."""
+    """One device × model's step records (outcome and KPIs): a saved baseline, or this run's."""
 
     device: str
     soc: str
     model: str
     model_sha256: str
-    steps: dict[str, StepResult]
+    steps: dict[str, StepRecord]
     harness_version: str | None = None
     saved_at: str | None = None
     format: int = FORMAT
@@ -89,15 +81,15 @@ class Snapshot:
         return any(s.outcome in RAN for s in self.steps.values())
 
 
-def snapshot(records: Iterable["StepRecord"], device: str, soc: str, model: str, model_sha256: str,
+def snapshot(records: Iterable[StepRecord], device: str, soc: str, model: str, model_sha256: str,
              harness_version: str | None = None, saved_at: str | None = None) -> Snapshot:
     """Return the Snapshot of device × model from step records (the regression step's own left out; a step
     recorded twice keeps its last record)."""
-    steps: dict[str, StepResult] = {}
+    steps: dict[str, StepRecord] = {}
     for r in records:
         if r.device == device and r.model == model and r.step != REGRESSION_STEP:
             steps.pop(r.step, None)  # re-recorded: moves to the end, in run order
-            steps[r.step] = StepResult(r.outcome, dict(r.kpis))
+            steps[r.step] = StepRecord(device, soc, model, r.step, r.outcome, dict(r.kpis))
     return Snapshot(device, soc, model, model_sha256, steps, harness_version, saved_at)
 
 
@@ -118,9 +110,7 @@ def check_save_dir(root: Path) -> None:
     """Raise ConfigError unless root (--save-baseline) is, or can be created as, a writable directory
     (nothing is created here: that happens when the baselines are saved)."""
     probe = root
-    while not probe.exists():
-        if probe.parent == probe:
-            break
+    while not probe.exists() and probe.parent != probe:
         probe = probe.parent
     if probe != root and not probe.is_dir():
         raise ConfigError(f"--save-baseline {root}: cannot create it, {probe} is a file, not a directory")
@@ -167,12 +157,12 @@ def load_baseline(path: Path) -> Snapshot:
     steps = data.get("steps")
     if not isinstance(steps, dict):
         raise bad(f"'steps' is {'missing' if 'steps' not in data else type(steps).__name__}, not an object")
-    results: dict[str, StepResult] = {}
+    results: dict[str, StepRecord] = {}
     for name, step in steps.items():
         if not isinstance(step, dict) or not isinstance(step.get("outcome"), str) \
                 or not isinstance(step.get("kpis"), dict):
             raise bad(f"steps.{name} is not an object with a string 'outcome' and an object 'kpis'")
-        results[name] = StepResult(step["outcome"], step["kpis"])
+        results[name] = StepRecord(data["device"], data["soc"], data["model"], name, step["outcome"], step["kpis"])
     return Snapshot(data["device"], data["soc"], data["model"], data["model_sha256"], results,
                     _optional_str(data.get("harness_version")), _optional_str(data.get("saved_at")),
                     data["format"])
@@ -211,7 +201,7 @@ class Saved:
     reason: str = ""
 
 
-def save_baselines(root: Path, targets: Sequence["Target"], records: Sequence["StepRecord"],
+def save_baselines(root: Path, targets: Sequence["Target"], records: Sequence[StepRecord],
                    cache: "ArtifactCache") -> list[Saved]:
     """Write one baseline per target that ran at least one step (a target whose steps were all skipped or
     deselected keeps any earlier baseline); return what was done per target. Raises BaselineError when a
@@ -251,9 +241,7 @@ class KpiVerdict:
     def as_dict(self) -> dict[str, Any]:
         """The verdict as a `verdicts` KPI row: kpi, step, baseline, current, delta, delta_pct, verdict,
         p_value, rule."""
-        return {"kpi": self.kpi, "step": self.step, "baseline": self.baseline, "current": self.current,
-                "delta": self.delta, "delta_pct": self.delta_pct, "verdict": self.verdict,
-                "p_value": self.p_value, "rule": self.rule}
+        return {k: v for k, v in asdict(self).items() if k not in ("unit", "detail")}
 
     def message(self) -> str:
         """Return the verdict in one line, e.g. 'profile latency_ms.p50 regressed: 2.61 -> 3.4 ms (+30.3%,
@@ -271,10 +259,6 @@ def _fmt(value: Any) -> str:
     if isinstance(value, int) or (math.isfinite(value) and value == int(value) and abs(value) >= 1000):
         return f"{int(value)}"
     return f"{value:.4g}"
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
 
 
 def _deltas(baseline: float, current: float) -> tuple[float | None, float | None]:
@@ -328,9 +312,7 @@ def compare_lower(step: str, kpi: str, baseline: float | None, current: float | 
 
 
 def _relative_verdict(baseline: float, current: float, threshold: float) -> str:
-    if baseline == 0:
-        return "unchanged" if current == 0 else "regressed" if current > 0 else "improved"
-    rel = (current - baseline) / abs(baseline)
+    rel = _relative(baseline, current)
     return "regressed" if rel > threshold else "improved" if rel < -threshold else "unchanged"
 
 

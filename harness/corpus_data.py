@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import onnx
 
 from harness.host_sessions import host_session_options
 
@@ -453,9 +454,22 @@ def vad_frames(req: DataRequest) -> CalibrationSet:
                           "states h, c that silero_vad reaches on the clip frame by frame (onnxruntime CPU), sr 16000")
 
 
+def token_ids(req: DataRequest) -> CalibrationSet:
+    """Token ids (int64) drawn uniformly from the vocabulary: the rows of the embedding table the model's Gather
+    reads its input with, past the first two (padding and unknown)."""
+    model = onnx.load(str(req.models[req.name]))
+    name, shape = req.only_input()
+    tables = {i.name: i.dims[0] for i in model.graph.initializer if i.dims}
+    vocabulary = next(tables[n.input[0]] for n in model.graph.node
+                      if n.op_type == "Gather" and n.input[1] == name and n.input[0] in tables)
+    ids = req.rng().integers(2, vocabulary, size=(req.count, *shape), dtype=np.int64)
+    return CalibrationSet({name: ids}, f"{req.count} sequences of {shape[-1]} token ids drawn uniformly from the "
+                                       f"{vocabulary}-entry vocabulary of the model's embedding (no text)")
+
+
 GENERATORS: dict[str, Callable[[DataRequest], CalibrationSet]] = {
     "ocr_det": ocr_det, "seal_det": seal_det, "ocr_line": ocr_line, "orientation": orientation,
     "layout_page": layout_page,
     "faces": faces, "audio": audio, "melspec_windows": melspec_windows,
-    "embedding_windows": embedding_windows, "vad_frames": vad_frames,
+    "embedding_windows": embedding_windows, "vad_frames": vad_frames, "token_ids": token_ids,
 }

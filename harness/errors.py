@@ -67,6 +67,10 @@ class SocMismatchError(ConfigError):
     """The device reports a different SoC than its devices.yaml entry says."""
 
 
+class FarmError(HarnessError):
+    """The farm state file cannot be read or written, or a device lock cannot be taken."""
+
+
 class StepError(HarnessError):
     """An onboarding step could not produce its artifact."""
 

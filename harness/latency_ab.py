@@ -14,7 +14,8 @@ from typing import Any, Callable
 
 from harness.baseline import KpiVerdict
 from harness.data import Feed
-from harness.runner.client import CONTEXT_SIDECAR, DeviceRunner
+from harness.runner.base import CONTEXT_SIDECAR
+from harness.runner.client import DeviceRunner
 from harness.steps.context_binary import ContextBinary
 from harness.steps.profile import context_sha256, measure_latency
 

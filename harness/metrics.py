@@ -61,26 +61,9 @@ def is_probability_output(values: list[np.ndarray]) -> bool:
     return bool(arrays) and all(a.size == 1 and 0.0 <= float(a.ravel()[0]) <= 1.0 for a in arrays)
 
 
-def decision_agreement(reference: list[np.ndarray], test: list[np.ndarray],
-                       threshold: float = DECISION_THRESHOLD) -> float:
-    """Return the share of samples whose probabilities fall on the same side of threshold."""
-    return (float(np.mean([(float(np.ravel(a)[0]) >= threshold) == (float(np.ravel(b)[0]) >= threshold)
-                           for a, b in zip(reference, test)])) if reference else 0.0)
-
-
 def top1(logits: np.ndarray) -> int:
     """Return the arg-max class of a classifier output."""
     return int(np.argmax(np.asarray(logits).ravel()))
-
-
-def top1_accuracy(logits: list[np.ndarray], labels: np.ndarray) -> float:
-    """Return the share of samples whose arg-max class equals the label."""
-    return float(np.mean([top1(x) == int(y) for x, y in zip(logits, labels)])) if len(labels) else 0.0
-
-
-def top1_agreement(reference: list[np.ndarray], test: list[np.ndarray]) -> float:
-    """Return the share of samples where both outputs pick the same class."""
-    return float(np.mean([top1(a) == top1(b) for a, b in zip(reference, test)])) if reference else 0.0
 
 
 def sample_sums(reference: list[list[np.ndarray]], test: list[list[np.ndarray]]) -> np.ndarray:

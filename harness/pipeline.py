@@ -13,29 +13,30 @@ from pathlib import Path
 from harness import sizing
 from harness.cache import ArtifactCache
 from harness.data import Dataset, Feed, with_evaluation_count
-from harness.encodings import exported_encodings
 from harness.errors import HarnessError, StepError
 from harness.model_sources import dataset_for, source_model
+from harness.options import AccuracyOptions, ValidationOptions
 from harness.pipeline_base import PipelineBase, memoized
+from harness.quantization import prequantized
+from harness.quantization.export import exported_encodings
 from harness.runner.client import DeviceRunner
-from harness.steps import context_binary, conversion, feasibility, float_baseline, profile, ptq, runtime
-from harness.steps import aimet_recovery, error_isolation, mixed_precision, promotion, sweep
-from harness.steps import concurrency, energy, sustained, validation_accuracy
+from harness.steps import (aimet_recovery, concurrency, context_binary, conversion, energy, error_isolation,
+                           feasibility, float_baseline, mixed_precision, profile, promotion, ptq, runtime, sustained,
+                           sweep, validation_accuracy)
 from harness.steps.context_binary import ContextBinary
 from harness.steps.inference import host_reference
 from harness.steps.report import StepReport
 from harness.target import Target
-from harness.validation import ValidationOptions
 
 
 class Onboarding(PipelineBase):
     """Artifacts and step reports of a single-graph model (kind onnx) for one Target, computed on demand."""
 
     def __init__(self, target: Target, runner: DeviceRunner, cache: ArtifactCache,
-                 accuracy: "sweep.AccuracyOptions | None" = None,
+                 accuracy: AccuracyOptions | None = None,
                  validation: ValidationOptions | None = None) -> None:
         super().__init__(target, runner, cache, validation)
-        self.accuracy = accuracy or sweep.AccuracyOptions()
+        self.accuracy = accuracy or AccuracyOptions()
         self.recipe = ptq.QuantRecipe()
         if self.accuracy.encodings:  # --quantization-overrides: PTQ quantizes with the given encodings
             self.recipe = replace(self.recipe, encodings=self.accuracy.encodings,
@@ -50,6 +51,19 @@ class Onboarding(PipelineBase):
     def fixed_model(self) -> Path:
         """The model with its frozen inputs made constants and every other input dim fixed."""
         return conversion.fixed_shape_model(self.source_model(), self.target.model, self.cache)
+
+    @memoized
+    def own_quantization(self) -> "prequantized.Prequantized | None":
+        """The model's own quantization when it arrives quantized (None for a float model): its QDQ form, used as
+        it is, and its float model; raises ModelError naming nodes quantized in a form no QDQ model expresses."""
+        return prequantized.analyse(self.fixed_model(), self.source_model(), self.cache,
+                                    f"model '{self.target.model.name}' ({self.source_model()})")
+
+    def _quantized(self, calibration: list[Feed]) -> Path:
+        """The model's own QDQ form when it arrives quantized, else PTQ's with the default recipe."""
+        own = self.own_quantization()
+        return own.model if own is not None else ptq.quantize(self.converted_model(), calibration, self.recipe,
+                                                                self.cache)
 
     @memoized
     def full_dataset(self) -> Dataset:
@@ -92,7 +106,7 @@ class Onboarding(PipelineBase):
     def inference_cost(self) -> "sizing.InferenceCost | None":
         """One timed HTP inference of the default 8-bit model (None when it cannot run: the steps say why)."""
         try:
-            qdq = ptq.quantize(self.converted_model(), self.calibration(), self.recipe, self.cache)
+            qdq = self._quantized(self.calibration())
             return sizing.measure_inference(qdq, self.full_dataset().evaluation[0], self.runner, self.cache)
         except HarnessError:
             return None
@@ -108,8 +122,8 @@ class Onboarding(PipelineBase):
 
     @memoized
     def qdq_model(self) -> Path:
-        """The QDQ model from PTQ with the default recipe."""
-        return ptq.quantize(self.converted_model(), self.dataset().calibration, self.recipe, self.cache)
+        """The QDQ model: the model's own when it arrives quantized, else PTQ's with the default recipe."""
+        return self._quantized(self.dataset().calibration)
 
     def deployable_model(self, mixed: StepReport | None = None) -> Path:
         """The quantized model that ships to the device (compiled, profiled, integrated); see deployable."""
@@ -145,7 +159,17 @@ class Onboarding(PipelineBase):
     @memoized
     def feasibility(self) -> StepReport:
         """Step 1 report: placement of what ships, the converted float graph (where the HTP has FP16)
-        and its 8-bit QDQ form as PTQ quantizes it (same recipe and calibration, so PTQ reuses it)."""
+        and its 8-bit QDQ form as PTQ quantizes it (same recipe and calibration, so PTQ reuses it); a model that
+        arrives quantized is placed as it is, its float model beside it, and its encodings checked for the HTP."""
+        try:
+            own = self.own_quantization()
+        except prequantized.InexactQuantization as e:
+            return feasibility.inexact_quantization(e)
+        if own is not None:
+            report = feasibility.check_feasibility(own.float_model, self.target.soc, self.runner, self.thresholds,
+                                                   quantized_model=own.model, own_quantization=True)
+            own.add_to(report)
+            return report
         model, notes = self._feasibility_model()
         quantized = None
         try:
@@ -173,8 +197,14 @@ class Onboarding(PipelineBase):
 
     @memoized
     def conversion(self) -> StepReport:
-        """Step 2 report."""
-        return conversion.convert(self.source_model(), self.fixed_model(), self.target.model, self.cache)
+        """Step 2 report (of the float model of a model that arrives quantized)."""
+        own = self.own_quantization()
+        if own is None:
+            return conversion.convert(self.source_model(), self.fixed_model(), self.target.model, self.cache)
+        report = conversion.convert(prequantized.float_source(own), own.float_model, self.target.model, self.cache)
+        report.notes.insert(0, f"the model arrives quantized ({own.form}): its float model (Q/DQ pairs removed, "
+                               "quantized constants dequantized) was converted; the quantized model is used as it is")
+        return report
 
     @memoized
     def float_baseline(self) -> StepReport:
@@ -185,10 +215,17 @@ class Onboarding(PipelineBase):
     @memoized
     def ptq(self) -> StepReport:
         """Step 3 stage 2 report (its `dataset` KPI says what data was used and how many samples, and why)."""
-        cost = self.inference_cost()
-        report = ptq.ptq(self.qdq_model(), self.recipe, self.dataset(), self.float_reference(), self.runner,
-                         self.thresholds, inference_s=cost.inference_s if cost is not None else None)
+        cost, own = self.inference_cost(), self.own_quantization()
+        try:
+            report = ptq.ptq(self.qdq_model(), self.recipe, self.dataset(), self.float_reference(), self.runner,
+                             self.thresholds, inference_s=cost.inference_s if cost is not None else None)
+        except HarnessError as e:  # the model's own encodings: say which the HTP cannot take before what failed
+            if own is None or not own.problems:
+                raise
+            raise StepError(f"{own.problem_text()}\nthe HTP run failed: {str(e).splitlines()[0]}") from None
         report.kpis.setdefault("dataset", self.dataset().description)
+        if own is not None:  # the model's own encodings against its float model
+            own.add_to(report)
         return report
 
     @memoized
@@ -241,7 +278,7 @@ class Onboarding(PipelineBase):
     def aimet_skip_reason(self) -> str | None:
         """Why the AIMET step does not run (None: it runs): --aimet off, the aimet extra missing, or (in auto
         mode) PTQ or mixed precision already met the KPI."""
-        mode = aimet_recovery.aimet_mode(self.accuracy)
+        mode = self.accuracy.aimet
         reason = aimet_recovery.skip_reason(mode, self._earlier_recovery_met)
         if reason is None and mode == "auto" and self._search_undecidable():
             return ("the evaluation samples cannot decide the accuracy KPI (see mixed_precision): no AIMET candidate "

@@ -12,7 +12,7 @@ from harness.cache import ArtifactCache
 from harness.models import Thresholds
 from harness.runner.client import DeviceRunner
 from harness.target import Target
-from harness.validation import ValidationOptions
+from harness.options import ValidationOptions
 
 T = TypeVar("T")
 

@@ -26,7 +26,7 @@ class Named(Protocol):
 
 
 class Placed(Named, Protocol):
-    """A node as a placement reports it (harness.runner.client.NodePlacement)."""
+    """A node as a placement reports it (harness.runner.base.NodePlacement)."""
 
     ep: str
 

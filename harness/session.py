@@ -11,15 +11,17 @@ from typing import Any
 
 from harness.cache import ArtifactCache
 from harness.clock import now_iso
-from harness.cooldown import read_temps
 from harness.devices import DevicesFile, DeviceSpec
 from harness.errors import DeviceLostError, DeviceQuarantinedError, HarnessError
-from harness.farm import DEFAULT_MIN_FREE_MB, MAX_TRANSPORT_FAILURES, FarmState, Quarantine, check_health
+from harness.farm.cooldown import read_temps
+from harness.farm.health import DEFAULT_MIN_FREE_MB, check_health
+from harness.farm.state import MAX_TRANSPORT_FAILURES, FarmState, Quarantine
 from harness.files import write_text_atomically
 from harness.json_values import json_default
 from harness.llm.pipeline import LlmOnboarding
+from harness.options import AccuracyOptions, ValidationOptions
 from harness.pipeline import Onboarding
-from harness.records import StepRecord
+from harness.reporting.records import StepRecord
 from harness.runner.client import DeviceRunner
 from harness.target import Target
 from harness.transports import Transport, open_transport
@@ -31,7 +33,7 @@ class DevicePool:
     """Opens each device's transport once per session, checks its health before first use, and closes (and
     cleans) them at the end.
 
-    A device that cannot be connected, fails its health check (harness.farm.check_health), was lost by its
+    A device that cannot be connected, fails its health check (harness.farm.health), was lost by its
     transport (DeviceLostError), or whose step tests failed with transport errors MAX_TRANSPORT_FAILURES
     times in a row is quarantined: failure() says why, runner() refuses it from then on, and with a farm
     state file the quarantine is recorded there for later runs.
@@ -151,10 +153,10 @@ class HarnessSession:
     pool: DevicePool
     kpi_json: Path | None = None
     records: list[StepRecord] = field(default_factory=list)
-    accuracy: Any = None  # harness.steps.sweep.AccuracyOptions, set by harness.plugin.accuracy
-    validation: Any = None  # harness.validation.ValidationOptions, set by harness.plugin.validation
+    accuracy: AccuracyOptions = field(default_factory=AccuracyOptions)  # set by harness.plugin.accuracy
+    validation: ValidationOptions = field(default_factory=ValidationOptions)  # set by harness.plugin.validation
     onboardings: dict[str, Any] = field(default_factory=dict)
-    locks: Any = None  # harness.farm.DeviceLocks
+    locks: Any = None  # harness.farm.locks.DeviceLocks
     released: list[str] = field(default_factory=list)  # devices --unquarantine took out of the farm state
     device_states: dict[str, dict] = field(default_factory=dict)  # the latest farm status per device
     started_at: str = field(default_factory=now_iso)
@@ -174,10 +176,9 @@ class HarnessSession:
         """Write the records to --kpi-json atomically (no-op without the option)."""
         if self.kpi_json is None:
             return
-        payload = {"records": [r.__dict__ for r in self.records], "devices": self.device_summary(),
+        payload = {"records": [r.to_json() for r in self.records], "devices": self.device_summary(),
                    "environment": environment(self.started_at, time.monotonic() - self.started_monotonic)}
         write_text_atomically(self.kpi_json, json.dumps(payload, indent=2, default=json_default))
-
 
     def device_summary(self) -> list[dict[str, Any]]:
         """Return each selected device's farm status (from this process's pool, or the workers' reports)."""

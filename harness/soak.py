@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.errors import StepError
-from harness.runner.client import RunResult
+from harness.runner.base import RunResult
 from harness.steps.profile import latency_stats
 from harness.telemetry import (Sample, TripPoint, parse_battery_status, parse_sample, parse_trips, samples_csv,
                                zone_kind)
@@ -140,12 +140,12 @@ def host_contention(host: dict, simulator_windows: list[Window] = ()) -> dict[st
             "simulator_window_p50_spread_pct": spread}
 
 
-def contention_note(contention: dict[str, Any]) -> str | None:
-    """Return the note for detected host contention, or None."""
+def contention_notes(contention: dict[str, Any]) -> list[str]:
+    """Return the note for detected host contention (none when there was none)."""
     if not contention.get("detected"):
-        return None
-    return ("host contention (simulator): " + "; ".join(contention["reasons"]) + " - the emulated figures are the "
-            "modelled HTP's and do not depend on it; the simulator's wall-time figures do")
+        return []
+    return ["host contention (simulator): " + "; ".join(contention["reasons"]) + " - the emulated figures are the "
+            "modelled HTP's and do not depend on it; the simulator's wall-time figures do"]
 
 
 def stability_kpis(windows: list[Window], margin: float) -> dict[str, Any]:

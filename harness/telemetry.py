@@ -127,12 +127,7 @@ def is_temperature(zone_type: str) -> bool:
 
 def _grep_lines(stdout: str) -> list[tuple[str, str]]:
     """Return the (name, value) pairs of `grep -H ""` output lines ("name:value")."""
-    pairs = []
-    for line in stdout.splitlines():
-        name, sep, value = line.partition(":")
-        if sep:
-            pairs.append((name, value.strip()))
-    return pairs
+    return [(name, value.strip()) for name, sep, value in (line.partition(":") for line in stdout.splitlines()) if sep]
 
 
 def zone_keys(types: dict[str, str]) -> dict[str, str]:
@@ -158,11 +153,9 @@ def parse_sample(stdout: str) -> tuple[dict[str, float], int | None, int | None]
         elif name in ("current_now", "voltage_now") and _is_int(value):
             power[name] = int(value)
     keys = zone_keys({zone: types.get(zone, zone) for zone in temps})
-    result: dict[str, float] = {}
-    for zone in sorted(temps, key=_zone_number):
-        if is_temperature(types.get(zone, zone)):
-            result[keys[zone]] = temps[zone] / 1000.0
-    return result, power.get("current_now"), power.get("voltage_now")
+    celsius = {keys[zone]: temps[zone] / 1000.0 for zone in sorted(temps, key=_zone_number)
+               if is_temperature(types.get(zone, zone))}
+    return celsius, power.get("current_now"), power.get("voltage_now")
 
 
 def parse_battery_status(stdout: str) -> str | None:
@@ -190,11 +183,9 @@ def parse_trips(stdout: str) -> list[TripPoint]:
         elif (m := re.fullmatch(r"trip_point_(\d+)_(temp|type)", leaf)):
             trips.setdefault((zone, m.group(1)), {})[m.group(2)] = value
     keys = zone_keys({zone: types.get(zone, zone) for zone in {z for z, _ in trips} | set(types)})
-    result = []
-    for (zone, _), trip in sorted(trips.items(), key=lambda kv: (_zone_number(kv[0][0]), int(kv[0][1]))):
-        if _is_int(trip.get("temp", "")) and is_temperature(types.get(zone, zone)):
-            result.append(TripPoint(keys[zone], int(trip["temp"]) / 1000.0, trip.get("type", "")))
-    return result
+    return [TripPoint(keys[zone], int(trip["temp"]) / 1000.0, trip.get("type", ""))
+            for (zone, _), trip in sorted(trips.items(), key=lambda kv: (_zone_number(kv[0][0]), int(kv[0][1])))
+            if _is_int(trip.get("temp", "")) and is_temperature(types.get(zone, zone))]
 
 
 _SKIN = re.compile(r"(skin|sys-therm|quiet-therm|xo-therm|back-therm|case)", re.IGNORECASE)

@@ -12,9 +12,9 @@ import pytest
 
 from harness.devices import AdbDevice, load_devices_file
 from harness.errors import ConfigError, DeviceLostError, DeviceTimeoutError, SocMismatchError, TransportError
+from harness.runner.qnn_net_run import QNN_REMOTE_DIR, QnnNetRun, qnn_net_run_argv, qnn_net_run_files
 from harness.transports import open_transport
-from harness.transports.adb import (QNN_REMOTE_DIR, QnnNetRun, qnn_net_run_argv, qnn_net_run_files,
-                                    resolve_qairt_sdk)
+from harness.transports.adb import resolve_qairt_sdk
 from harness.transports.retry import Backoff
 from servers import ADB, adb_server, emulated_phone, free_port
 

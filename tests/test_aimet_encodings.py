@@ -22,10 +22,11 @@ import onnx
 import pytest
 
 from harness.cache import ArtifactCache
-from harness.encodings import (aimet_channel_axis, export_encodings, load_encodings, model_for_encodings,
-                               to_tensor_overrides)
 from harness.errors import ConfigError, HarnessError
 from harness.metrics import cosine_similarity
+from harness.quantization.encodings import load_encodings
+from harness.quantization.export import export_encodings
+from harness.quantization.overrides import aimet_channel_axis, model_for_encodings, to_tensor_overrides
 from harness.steps.ptq import QuantRecipe, quantize
 
 DATA = Path(__file__).resolve().parent / "data" / "aimet"

@@ -16,6 +16,7 @@ import onnxruntime as ort
 import pytest
 
 from harness.models import resolve_model
+from harness.options import AccuracyOptions
 from harness.pipeline import Onboarding, Target
 from harness.steps import aimet_recovery as ar
 from harness.steps.ptq import QuantRecipe
@@ -45,11 +46,9 @@ def test_a_missing_extra_is_named(monkeypatch):
 
 
 def test_mode_defaults_to_auto_and_rides_on_the_accuracy_options():
-    from harness.steps.sweep import AccuracyOptions
-
-    assert ar.aimet_mode(AccuracyOptions()) == "auto"
-    options = ar.RecoveryOptions(sweep="off", aimet="off")
-    assert ar.aimet_mode(options) == "off" and options.sweep == "off"
+    assert AccuracyOptions().aimet == "auto"
+    options = AccuracyOptions(sweep="off", aimet="off")
+    assert options.aimet == "off" and options.sweep == "off"
 
 
 def test_the_recipe_mixed_precision_reached_and_its_sim_config():
@@ -108,7 +107,7 @@ def imbalanced(devices, sm8650_runner, cache):
     pytest.importorskip("aimet_onnx")
     dev = devices.select(["sm8650-emu"])[0]
     return Onboarding(Target(dev, devices.soc(dev.soc), resolve_model("digits_imbalanced", {}, None)), sm8650_runner,
-                      cache, accuracy=ar.RecoveryOptions(aimet="auto"))
+                      cache, accuracy=AccuracyOptions(aimet="auto"))
 
 
 @pytest.mark.aimet

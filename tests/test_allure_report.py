@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.allure_report import (CATEGORIES, ReportError, executor_info, find_allure_cli, report_data,
-                                   strip_external_scripts, write_allure_extras)
+from harness.reporting.report_cli import (CATEGORIES, ReportError, executor_info, find_allure_cli, report_data,
+                                          strip_external_scripts, write_allure_extras)
 from model_builders import conv_classifier
 
 REPO = Path(__file__).resolve().parent.parent
@@ -125,7 +125,7 @@ def test_categories_match_the_harness_failure_messages():
     assert category("failed", "device sm8650-emu was taken out of the session after: not answering") == "Device fault"
     assert category("broken", "KeyError: 'x'") == "Device fault"
     assert category("failed", "float_baseline did not pass: max_abs_diff 0.1 > 1e-4") is None
-    # what harness.reporting gives an inconclusive step (Allure's status unknown) and a marginal pass
+    # what harness.reporting.allure gives an inconclusive step (Allure's status unknown) and a marginal pass
     inconclusive = ("INCONCLUSIVE: ptq: inconclusive: 8 samples cannot resolve a drop of 0.02 (task_metric_drop "
                     "0.125, 95% interval [0.02, 0.47]); about 190 are needed")
     assert category("unknown", inconclusive) == "Inconclusive"

@@ -17,7 +17,7 @@ from harness.cache_check import FULL_CHECK_BYTES, MANIFEST
 from harness.errors import StepError
 from harness.models import resolve_model
 from harness.pipeline import Onboarding, Target
-from harness.runner.client import remote_model_path
+from harness.runner.base import remote_model_path
 from harness.steps.context_binary import compile_context, context_binary
 from real_models_helpers import real_model_spec
 

@@ -7,7 +7,6 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from harness import corpus
 from harness.data import Dataset, input_infos, user_dataset, with_evaluation_count
@@ -57,7 +56,6 @@ def test_sized_dataset_says_how_many_and_why():
 def test_calibration_dir_description_reaches_the_dataset(tmp_path):
     np.save(tmp_path / "a.npy", np.zeros((3, 1, 4), np.float32))
     (tmp_path / "description.txt").write_text("three silent frames\n")
-    import onnx
     from onnx import TensorProto, helper
 
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",

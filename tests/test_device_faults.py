@@ -24,7 +24,7 @@ FIRST_STEPS = [str(SUITES / name) for name in ("test_01_feasibility.py", "test_0
 
 def test_backoff_delays_are_exponential_and_capped():
     assert Backoff(attempts=5, initial_s=0.5, factor=2, max_s=3).delays_s() == [0.5, 1.0, 2.0, 3.0]
-    assert Backoff(attempts=1).delays_s() == [] and Backoff(attempts=3, initial_s=1).total_wait_s == 3.0
+    assert Backoff(attempts=1).delays_s() == [] and sum(Backoff(attempts=3, initial_s=1).delays_s()) == 3.0
 
 
 def test_retry_call_retries_transient_errors_then_gives_up():
@@ -147,7 +147,8 @@ def test_a_device_that_disconnects_mid_run_errors_and_the_others_go_on(pytester,
 
 def test_farm_state_quarantine_expiry_release_and_bad_paths(tmp_path):
     from harness.errors import ConfigError
-    from harness.farm import FarmError, FarmState
+    from harness.errors import FarmError
+    from harness.farm.state import FarmState
 
     state = FarmState(tmp_path / "state.json", quarantine_hours=1)
     q = state.quarantine("phone-1", "health check failed: free space: 12 MB free")
@@ -205,7 +206,7 @@ def test_a_device_failing_its_health_check_is_quarantined_and_skipped(pytester, 
 def test_a_device_quarantined_in_the_farm_state_makes_an_xdist_run_incomplete(pytester, session_cache_dir, tmp_path):
     """The only device quarantined by an earlier run: under pytest-xdist the workers skip its tests and report its
     state; the controller's exit status is not 0 and its summary names the device and the reason."""
-    from harness.farm import FarmState
+    from harness.farm.state import FarmState
 
     devices = write_devices_file(tmp_path / "devices.yaml", [{"id": "emu", "soc": "sm8650", "transport": "emulator"}])
     state = tmp_path / "state.json"
@@ -225,7 +226,7 @@ def test_a_device_quarantined_in_the_farm_state_makes_an_xdist_run_incomplete(py
 
 
 def test_a_device_held_by_another_process_is_waited_for_then_named(pytester, session_cache_dir, tmp_path):
-    from harness.farm import DeviceLocks
+    from harness.farm.locks import DeviceLocks
 
     locks = DeviceLocks(tmp_path / "locks", timeout_s=1)
     lock = locks.acquire("sm8650-emu")  # another pytest process measuring on the device

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from harness.errors import DeviceLostError, RunnerError, TransportError
-from harness.runner.client import RUNNER_SOURCE, HtpRefusedError, latency_source
+from harness.runner.base import latency_source
+from harness.runner.client import RUNNER_SOURCE, HtpRefusedError
 from harness.steps.inference import run_host
 from model_builders import conv_classifier, with_unsupported_op
 

@@ -264,6 +264,14 @@ def test_adb_cli_shell_push_pull(adb_env: AdbEnv, tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- raw protocol
 
 
+def parse_banner(payload: bytes) -> tuple[str, dict[str, str], set[str]]:
+    """Return (kind, properties, features) of a CNXN banner `kind:serial:k=v;k=v;features=a,b`."""
+    text = payload.rstrip(b"\0").decode("utf-8", "replace")
+    kind, _, rest = text.partition(":")
+    props = dict(item.partition("=")[::2] for item in rest.partition(":")[2].split(";") if "=" in item)
+    return kind, props, {f for f in props.pop("features", "").split(",") if f}
+
+
 class RawHost:
     """A minimal host side of the transport, for checks adb cannot make."""
 
@@ -318,7 +326,7 @@ def test_raw_protocol_small_maxdata_and_two_connections(tmp_path: Path) -> None:
     with EmulatedAdbDevice("sm8550", tmp_path / "sb") as device:
         first, second = RawHost(device.port, 4096), RawHost(device.port, 1 << 20)
         try:
-            kind, props, features = proto.parse_banner(first.banner)
+            kind, props, features = parse_banner(first.banner)
             assert kind == "device" and props["ro.product.device"] == "kalama"
             assert {"shell_v2", "stat_v2", "ls_v2"} <= features
             stdout, code, sizes = first.run_shell_v2(1, "head -c 100000 /dev/zero; exit 9")
@@ -383,7 +391,7 @@ def test_cli_runs_until_sigterm(tmp_path: Path) -> None:
         assert "listening on 127.0.0.1:" in line
         port = int(line.split("127.0.0.1:")[1].split(",")[0])
         host = RawHost(port, 1 << 20)
-        assert proto.parse_banner(host.banner)[1]["ro.product.device"] == "pineapple"
+        assert parse_banner(host.banner)[1]["ro.product.device"] == "pineapple"
         host.close()
         proc.send_signal(signal.SIGTERM)
         _out, err = proc.communicate(timeout=10)

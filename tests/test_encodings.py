@@ -10,8 +10,9 @@ import onnx
 import pytest
 
 from harness.data import input_infos, random_dataset
-from harness.encodings import Encoding, export_encodings, load_encodings, parse_encodings, write_encodings
 from harness.errors import ConfigError
+from harness.quantization.encodings import Encoding, load_encodings, parse_encodings
+from harness.quantization.export import export_encodings, write_encodings
 from harness.steps.ptq import QuantRecipe, quantize
 from models_outlier import HOSTILE_FUSED_TENSOR, HOSTILE_TENSOR, build_outlier_model
 
@@ -89,7 +90,7 @@ def test_offset_is_minus_the_zero_point(model, datasets, cache):
 
 
 def test_min_max_entries_and_bias_entries_are_accepted(model):
-    from harness.encodings import to_tensor_overrides
+    from harness.quantization.overrides import to_tensor_overrides
 
     enc = parse_encodings({"activation_encodings": {"x": [{"bitwidth": 8, "min": 0.0, "max": 1.0}]},
                            "param_encodings": {"conv1_b": [{"bitwidth": 32, "scale": 1e-5, "offset": 0}]}}, "t")
@@ -100,7 +101,7 @@ def test_min_max_entries_and_bias_entries_are_accepted(model):
 
 def test_an_initializer_listed_as_an_activation_is_a_parameter(model):
     """AIMET lists Gather tables and constants under activation_encodings."""
-    from harness.encodings import to_tensor_overrides
+    from harness.quantization.overrides import to_tensor_overrides
 
     enc = parse_encodings({"activation_encodings": {"conv1_w": [Encoding(8, 0.01, -128, True).to_json()]}}, "t")
     plan = to_tensor_overrides(enc, model)

@@ -63,7 +63,7 @@ def test_passes_when_ptq_passed_whatever_it_finds(demo, cache, sm8650_runner):
 
 
 def test_table_and_plot_are_written(report):
-    from harness.reporting import table_csv
+    from harness.reporting.allure import table_csv
 
     rows = list(csv.DictReader(io.StringIO(table_csv(report.tables["per_layer"]))))  # as attached to Allure
     assert [r["tensor"] for r in rows][:2] == ["x", HOSTILE_TENSOR]

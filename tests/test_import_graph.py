@@ -27,20 +27,20 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("device-side programs (pushed to the device: they import only each other)",
      _modules("runner.device_runner runner.llm_runner runner.genie_runner")),
     ("foundation: errors, files, records, KPI rules and statistics",
-     _modules(". errors files records kpi stats repeats reasons metrics host_sessions shutdown transports.retry "
-              "runner clock json_values versions allure_names")),
+     _modules(". errors files kpi stats repeats reasons metrics host_sessions shutdown transports.retry "
+              "runner clock json_values versions reporting reporting.records reporting.names options")),
     ("what is onboarded where: devices and SoCs, models, data, the cache, the conversion transforms, the emulated "
      "devices, the built-in models",
-     _modules("devices models target data calibration cache cache_check encodings convert convert.* qnn_ops "
+     _modules("devices models target data cache cache_check quantization quantization.* convert convert.* qnn_ops "
               "placement profiling estimate emulator emulator.* zoo zoo.* llm llm.gpt llm.convention llm.text "
               "llm.export llm.checkpoint llm.gguf_reader llm.hf_reader llm.llama llm.importer model_sources")),
-    ("transports", _modules("transports transports.* soc_detect telemetry cooldown")),
-    ("runner", _modules("runner.client runner.server_client runner.qnn_net_run farm sizing")),
-    ("steps", _modules("steps steps.* soak charts validation baseline latency_ab llm.calibration llm.device "
+    ("transports", _modules("transports transports.* soc_detect telemetry farm.cooldown")),
+    ("runner", _modules("runner.base runner.client runner.server_client runner.qnn_net_run farm farm.* sizing")),
+    ("steps", _modules("steps steps.* soak reporting.charts baseline latency_ab llm.calibration llm.device "
                        "llm.steps llm.genie_steps llm.genie_config llm.reference llm.ceiling")),
     ("pipelines", _modules("pipeline_base pipeline llm.pipeline")),
-    ("session and reports", _modules("session reporting summary allure_report signoff signoff.* profile_view "
-                                     "corpus corpus_data")),
+    ("session and reports", _modules("session reporting.allure reporting.summary reporting.report_cli signoff "
+                                     "signoff.* profile_view corpus corpus_data")),
     ("pytest plugin, suites and commands", _modules("plugin plugin.* suites suites.* __main__")),
 ]
 
@@ -52,17 +52,17 @@ LAZY_IMPORTERS = {"harness.plugin": "the pytest plugin: heavy imports inside hoo
 LAZY: dict[tuple[str, str], str] = {
     ("harness.transports", "harness.transports.ssh"): "paramiko, for SSH devices only",
     ("harness.transports", "harness.transports.adb"): "adbutils, for adb devices only",
-    ("harness.runner.client", "harness.transports.adb"): "adbutils, for qnn-net-run devices (over adb) only",
     ("harness.model_sources", "harness.zoo.tiny_gpt"): "tokenizers and scipy, for the built-in language model only",
     ("harness.baseline", "harness.model_sources"): "onnx (a zoo model's build), for the model hash only",
     ("harness.models", "harness.convert"): "onnx: model specs and options parse without it",
     ("harness.models", "harness.convert.shapes"): "onnx: model specs and options parse without it",
-    ("harness.encodings", "harness.convert.opset"): "onnx: encodings files validate without it",
+    ("harness.quantization.overrides", "harness.convert.opset"): "onnx: encodings files validate without it",
     ("harness.steps.regression", "harness.latency_ab"): "onnx, for an A/B on the device only",
     ("harness.steps.regression", "harness.steps.profile"): "onnx, for an A/B on the device only",
-    ("harness.steps.ptq", "harness.calibration"): "onnxruntime.quantization, when a model is quantized",
-    ("harness.steps.sweep", "harness.calibration"): "onnxruntime.quantization, when a model is quantized",
-    ("harness.steps.error_isolation", "harness.calibration"): "onnxruntime.quantization, for float activations",
+    ("harness.steps.ptq", "harness.quantization.calibration"): "onnxruntime.quantization, when a model is quantized",
+    ("harness.steps.sweep", "harness.quantization.calibration"): "onnxruntime.quantization, when a model is quantized",
+    ("harness.steps.error_isolation", "harness.quantization.calibration"): "onnxruntime.quantization, for float "
+                                                                           "activations",
     ("harness.steps.table", "harness.steps.profile"): "numpy, onnx and matplotlib: the plugin reads the step table "
                                                       "at start-up, a step's module loads when the step runs",
     ("harness.steps.table", "harness.latency_ab"): "onnx, for an A/B on the device only",

@@ -19,6 +19,7 @@ import pytest
 from harness.devices import AdbDevice, SshDevice, load_devices_file
 from harness.errors import DeviceTimeoutError, RunnerError
 from harness.models import fix_input_shapes
+from harness.runner.base import push_model
 from harness.runner.client import RUNNER_MODE_ENV, RUNNER_SOURCE, DeviceRunner
 from harness.transports import open_transport
 from model_builders import conv_classifier
@@ -152,7 +153,7 @@ def test_a_changed_model_file_is_loaded_again(emu, tmp_path):
     model = conv_classifier(tmp_path / "a" / "clf.onnx")
     emu.run(model, feeds(1), "htp")
     assert emu.run(model, feeds(1), "htp").report["session_cached"] is True
-    remote = emu.transport.workdir / emu.push_model(model)
+    remote = emu.transport.workdir / push_model(emu.transport, model)
     os.utime(remote, ns=(0, remote.stat().st_mtime_ns + 10**9))  # as a re-pushed copy would be
     assert emu.run(model, feeds(1), "htp").report["session_cached"] is False
 
@@ -297,7 +298,7 @@ def test_a_model_truncated_on_the_device_after_its_push_is_pushed_again_and_the_
     runner = DeviceRunner(open_transport(SshDevice(**fields), catalog.soc("sm8650"), tmp_path))
     try:
         first = runner.run(classifier, feeds(2), "cpu")
-        on_device = Path(fields["workdir"]) / runner.push_model(classifier)
+        on_device = Path(fields["workdir"]) / push_model(runner.transport, classifier)
         on_device.write_bytes(on_device.read_bytes()[:100])  # behind the transport's back
         runner.close()  # a fresh server, so no cached session hides the damage
         again = runner.run(classifier, feeds(2), "cpu")

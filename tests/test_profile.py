@@ -13,7 +13,7 @@ from harness.estimate import estimate_latency, graph_cost
 from harness.models import Thresholds, resolve_model
 from harness.profiling import ProfileFormatError, op_table, parse_profile_csv
 from harness.steps.profile import (DEVICE_RULE, EMULATOR_RULE, PROFILE_ITERATIONS, SIMULATOR_BUDGET_S,
-                                   SIMULATOR_MIN_ITERATIONS, MeasureRule, default_rule, detailed_profile,
+                                   MeasureRule, default_rule, detailed_profile,
                                    block_rule, latency_stats, measure_blocks, measure_latency, profile, sized_rule)
 from model_builders import conv_classifier
 from perf_helpers import random_feeds

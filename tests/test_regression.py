@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 import yaml
 
-from harness.baseline import (BaselineError, Evidence, Snapshot, StepResult, baseline_path, check_save_dir,
+from harness.baseline import (BaselineError, Evidence, Snapshot, baseline_path, check_save_dir,
                               compare_blocks, compare_higher, compare_lower, compare_outcome, compare_paired,
                               load_baseline, save_baseline, snapshot)
 from harness.errors import ConfigError
 from harness.models import Thresholds
 from harness.repeats import min_unpaired_p, summary
-from harness.records import StepRecord
-from harness.steps.regression import compare, regression
+from harness.reporting.records import StepRecord
+from harness.steps.regression import regression
 from model_builders import conv_classifier
 
 SUITES = Path(__file__).resolve().parent.parent / "suites"
@@ -142,7 +142,8 @@ def test_one_sided_kpis_are_new_or_missing_and_outcomes_compare():
 
 def _snap(steps: dict[str, tuple[str, dict]], soc: str = "sm8650", sha: str = "a" * 64, model: str = "clf",
           fmt: int = 2) -> Snapshot:
-    return Snapshot("sm8650-emu", soc, model, sha, {k: StepResult(o, kpis) for k, (o, kpis) in steps.items()},
+    return Snapshot("sm8650-emu", soc, model, sha,
+                    {k: StepRecord("sm8650-emu", soc, model, k, o, kpis) for k, (o, kpis) in steps.items()},
                     "0.1.0", None, fmt)
 
 

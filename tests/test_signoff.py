@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.allure_report import ReportError, find_allure_cli
+from harness.reporting.report_cli import ReportError, find_allure_cli
 from model_builders import conv_classifier
 
 REPO = Path(__file__).resolve().parent.parent

@@ -11,9 +11,10 @@ import onnx.numpy_helper
 import pytest
 
 from accuracy_helpers import DEMO_THRESHOLDS, REPO, demo_onboarding, demo_spec
-from harness.encodings import load_encodings
 from harness.models import Thresholds, resolve_model
+from harness.options import AccuracyOptions
 from harness.pipeline import Onboarding, Target
+from harness.quantization.encodings import load_encodings
 from harness.steps import mixed_precision as mp
 from harness.steps import promotion
 from harness.steps.promotion import PromotionUnit
@@ -131,7 +132,7 @@ def concat_demo(tmp_path_factory, devices, sm8650_runner, cache):
     dev = devices.select(["sm8650-emu"])[0]
     spec = resolve_model(str(path), {}, None)
     spec = type(spec)(**{**spec.__dict__, "thresholds": DEMO_THRESHOLDS})
-    return Onboarding(Target(dev, devices.soc(dev.soc), spec), sm8650_runner, cache, sw.AccuracyOptions(sweep="off"))
+    return Onboarding(Target(dev, devices.soc(dev.soc), spec), sm8650_runner, cache, AccuracyOptions(sweep="off"))
 
 
 def test_promotion_units_tie_a_concat_its_inputs_and_shared_encodings(concat_demo):
@@ -264,7 +265,7 @@ def _embedding_onboarding(devices, runner, cache, calib_dir: Path | None) -> Onb
 
     spec = resolve_model(str(real_model_path("embedding_model")), EMBEDDING_SHAPE, calib_dir)
     dev = devices.select(["sm8650-emu"])[0]
-    return Onboarding(Target(dev, devices.soc(dev.soc), spec), runner, cache, sw.AccuracyOptions(sweep="off"))
+    return Onboarding(Target(dev, devices.soc(dev.soc), spec), runner, cache, AccuracyOptions(sweep="off"))
 
 
 @pytest.mark.real_models
@@ -309,7 +310,7 @@ def test_recipes_reuse_one_calibration_and_quantize_exactly_as_a_fresh_calibrati
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
     from harness.cache import ArtifactCache
-    from harness.calibration import FeedReader
+    from harness.quantization.calibration import FeedReader
     from harness.steps.ptq import quantize as harness_quantize
     from real_models_helpers import real_model_spec
 

@@ -149,20 +149,3 @@ def sync_fail(message: str) -> bytes:
     """Return a sync FAIL reply carrying `message`."""
     raw = message.encode("utf-8", "replace")
     return SYNC_REQUEST.pack(SYNC_FAIL, len(raw)) + raw
-
-
-def parse_banner(payload: bytes) -> tuple[str, dict[str, str], set[str]]:
-    """Parse a CNXN banner `kind:serial:k=v;k=v;features=a,b`.
-
-    Returns (kind, properties, features).
-    """
-    text = payload.rstrip(b"\0").decode("utf-8", "replace")
-    kind, _, rest = text.partition(":")
-    _serial, _, props_text = rest.partition(":")
-    props: dict[str, str] = {}
-    for item in props_text.split(";"):
-        key, sep, value = item.partition("=")
-        if sep:
-            props[key] = value
-    features = {f for f in props.pop("features", "").split(",") if f}
-    return kind, props, features

@@ -96,7 +96,6 @@ DEVICE_FEATURES: tuple[str, ...] = (
 """Features advertised in the CNXN banner."""
 
 SANDBOX_DIRS: tuple[str, ...] = ("data/local/tmp", "sdcard", "system/bin")
-REWRITTEN_PREFIXES: tuple[str, ...] = ("/data/", "/sdcard/", "/sys/")
 _SAFE_SANDBOX = re.compile(r"^[A-Za-z0-9_./+-]+$")
 _PATH_PREFIX = re.compile(r"(^|[\s=:'\"<>;|&(`])(/(?:data|sdcard|sys)/)")
 _READ_CHUNK_BYTES = 64 * 1024

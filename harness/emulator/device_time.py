@@ -8,7 +8,7 @@ load). One inference costs::
 
 times the throttle factor the thermal model (harness.emulator.thermal) holds at that moment. N sessions sharing
 the HTP take turns: each sees the sum of the sessions' latencies plus CONTEXT_SWITCH_MS per session
-(shared_latency_ms).
+(the device runner's shared_latency_s).
 
 DISPATCH_MS is the fixed per-inference cost the roofline leaves out (the CPU-to-HTP call, graph-execute set-up,
 cache maintenance). It is calibrated on one published figure, Qualcomm AI Hub's MobileNet-v2 w8a8
@@ -102,10 +102,3 @@ def modelled_latency(model: Path, soc) -> ModelledLatency:
                            f"roofline estimate {estimate.latency_ms:.4g} ms ({estimate.bound}-bound, {soc.id}) + "
                            f"{DISPATCH_MS:g} ms dispatch (harness.emulator.device_time: about +-30 % against "
                            "AI Hub's MobileNet-v2 w8a8; unknown for other graphs)")
-
-
-def shared_latency_ms(latencies_ms: list[float]) -> float:
-    """Return the time of one round of the HTP shared by sessions of these solo latencies (each session
-    waits for the others' inferences, plus a context switch per session when there are several)."""
-    switch_ms = CONTEXT_SWITCH_MS * len(latencies_ms) if len(latencies_ms) > 1 else 0.0
-    return sum(latencies_ms) + switch_ms

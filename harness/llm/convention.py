@@ -104,11 +104,6 @@ class PairInfo:
     input_names: tuple[str, ...]
     output_names: tuple[str, ...]
 
-    @property
-    def decode_ar(self) -> int:
-        """Return the decode graph's tokens per call (always 1)."""
-        return 1
-
 
 @dataclass(frozen=True)
 class _Tensor:

@@ -12,6 +12,7 @@ import numpy as np
 from harness.errors import RunnerError
 from harness.host_sessions import host_session_options
 from harness.runner import llm_runner
+from harness.runner.base import push_model
 from harness.runner.client import DeviceRunner
 
 LLM_RUNNER = Path(llm_runner.__file__)
@@ -39,16 +40,16 @@ def device_nll(runner: DeviceRunner, prefill: Path, windows: np.ndarray, runtime
     buffer = io.BytesIO()
     np.save(buffer, np.ascontiguousarray(windows, dtype=np.int32))
     remote_windows = _push_data(runner, "windows.npy", buffer.getvalue())
-    return runner.run_tool(LLM_RUNNER, ["nll", "--prefill", runner.push_model(prefill), "--windows", remote_windows,
-                                        *_soc_args(runner, runtime)])
+    return runner.run_tool(LLM_RUNNER, ["nll", "--prefill", push_model(runner.transport, prefill),
+                                        "--windows", remote_windows, *_soc_args(runner, runtime)])
 
 
 def device_generate(runner: DeviceRunner, prefill: Path, decode: Path, prompts: list[tuple[int, ...]],
                     max_new: int, runtime: str = "htp", stop_id: int | None = None) -> dict:
     """Return llm_runner's `generate` result: greedy tokens per prompt with Genie's KV loop on the device."""
     remote_prompts = _push_data(runner, "prompts.json", json.dumps([list(p) for p in prompts]).encode())
-    command = ["generate", "--prefill", runner.push_model(prefill), "--decode", runner.push_model(decode),
-               "--prompts", remote_prompts, "--max_new", str(max_new), *_soc_args(runner, runtime)]
+    command = ["generate", "--prefill", push_model(runner.transport, prefill),
+               "--decode", push_model(runner.transport, decode), "--prompts", remote_prompts, "--max_new", str(max_new), *_soc_args(runner, runtime)]
     if stop_id is not None:
         command += ["--stop_id", str(stop_id)]
     return runner.run_tool(LLM_RUNNER, command)

@@ -15,14 +15,15 @@ from pathlib import Path
 
 import numpy as np
 
-from harness import charts
+from harness.reporting import charts
 from harness.kpi import Limit
 from harness.llm.device import FloatJudge, _push_data
 from harness.llm.steps import agreement_kpis
 from harness.llm.text import TokenizedPrompt
 from harness.models import Thresholds
 from harness.runner import genie_runner
-from harness.runner.client import DeviceRunner, latency_source
+from harness.runner.base import latency_source
+from harness.runner.client import DeviceRunner
 from harness.steps.report import StepReport
 
 GENIE_RUNNER = Path(genie_runner.__file__)

@@ -159,11 +159,6 @@ class LlmOnboarding(PipelineBase):
         """LLM Step 4 report."""
         return steps.llm_context_binary(self.llm_context_binaries(), self.target.soc.id)
 
-    def llm_context_pair(self) -> Pair:
-        """The compiled pair (EPContext models beside their .bin files)."""
-        binaries = self.llm_context_binaries()
-        return Pair(binaries["prefill"].model, binaries["decode"].model)
-
     @memoized
     def llm_genie_bundle(self) -> Path:
         """The Genie bundle for the target's SoC (genie_config.json, HTP extensions, both .bin, tokenizer), cached."""

@@ -21,7 +21,8 @@ from harness.llm import convention
 from harness.llm.device import FloatJudge, device_generate, device_nll, host_nll, matched_prefix
 from harness.llm.text import TokenizedPrompt
 from harness.models import Thresholds
-from harness.runner.client import DeviceRunner, latency_source
+from harness.runner.base import latency_source
+from harness.runner.client import DeviceRunner
 from harness.steps.context_binary import ContextBinary
 from harness.steps.report import StepReport
 from harness.stats import bootstrap, unresolved

@@ -18,7 +18,6 @@ from typing import Any, Generic, TypeVar
 import pytest
 
 from harness.errors import DeviceQuarantinedError, HarnessError, TransportError
-from harness.kpi import INTERVALS_KEY, interval_of
 from harness.reasons import headline, summarize
 from harness.steps.table import PASSED, Step, StepOptions, steps
 
@@ -83,7 +82,8 @@ def _build_session(config: pytest.Config):
     from harness.devices import load_devices_file
     from harness.models import resolve_models
     from harness.target import Target
-    from harness.farm import DeviceLocks, FarmState
+    from harness.farm.locks import DeviceLocks
+    from harness.farm.state import FarmState
     from harness.session import DevicePool, HarnessSession
 
     opt = config.option
@@ -178,31 +178,30 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     if marker is None or callspec is None or "target" not in callspec.params:
         return
     if report.when == "call" or (report.when == "setup" and not report.passed):
+        from harness.reporting.allure import attach_report, flag_allure_result
+        from harness.reporting.records import StepRecord
+
         target = callspec.params["target"]
         state = "error" if report.when == "setup" and report.failed else report.outcome
         message, marginal = "", []
+        verdict = item.stash.get(_VERDICT_KEY, None) if report.when == "call" else None
         if report.skipped and isinstance(report.longrepr, tuple):
             message = str(report.longrepr[2])
         elif report.failed:
             message = str(getattr(report.longrepr, "reprcrash", None) and report.longrepr.reprcrash.message
                           or report.longreprtext.splitlines()[-1:] or "")
-        elif report.when == "call":
-            verdict = item.stash.get(_VERDICT_KEY, None)
-            if verdict is not None:
-                state = "inconclusive" if verdict.status == "inconclusive" else state
-                message, marginal = verdict.message, verdict.marginal
-                from harness.reporting import flag_allure_result
-
-                flag_allure_result(item.config, state, message, marginal)
-        report.user_properties.append((RECORD_PROPERTY, {
-            "device": target.device.id, "soc": target.soc.id, "model": target.model.name,
-            "step": marker.args[0], "outcome": state, "kpis": item.stash.get(_KPIS_KEY, {}),
-            "message": re.sub(r"^(Failed|Skipped): ", "", message), "marginal": marginal}))
-
-
-def _record(report: pytest.TestReport) -> dict | None:
-    """Return the step record a test report carries (see RECORD_PROPERTY), or None."""
-    return next((value for name, value in report.user_properties if name == RECORD_PROPERTY), None)
+        elif verdict is not None:
+            state = "inconclusive" if verdict.status == "inconclusive" else state
+            message, marginal = verdict.message, verdict.marginal
+            flag_allure_result(item.config, state, message, marginal)
+        record = StepRecord(target.device.id, target.soc.id, target.model.name, marker.args[0], state,
+                            item.stash.get(_KPIS_KEY, {}), re.sub(r"^(Failed|Skipped): ", "", message), tuple(marginal))
+        if verdict is not None:  # what check() decided goes to Allure and --junitxml from the record (telemetry too)
+            if verdict.report is not None:
+                attach_report(verdict.report, record)
+            reason = [(f"{record.step}.reason", headline(verdict.message))] if verdict.message else []
+            item.user_properties.extend([*record.properties(), (f"{record.step}.status", verdict.status), *reason])
+        report.user_properties.append((RECORD_PROPERTY, record.to_json()))
 
 
 def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):  # type: ignore[no-untyped-def]
@@ -210,7 +209,7 @@ def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config): 
     marginal pass is a pass shown as M / PASSED (marginal)."""
     if report.when != "call" or not report.passed:
         return None
-    record = _record(report)
+    record = next((value for name, value in report.user_properties if name == RECORD_PROPERTY), None)
     if record is None:
         return None
     if record["outcome"] == "inconclusive":
@@ -222,12 +221,13 @@ def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config): 
 
 @dataclass(frozen=True)
 class _StepVerdict:
-    """What the check fixture decided for a test that did not fail: its status, why (when inconclusive) and
-    the marginal passes."""
+    """What the check fixture decided: the status (error, failed, inconclusive, marginal, passed), why (the
+    message), the marginal passes and the step report (None when the step raised)."""
 
     status: str
     message: str
     marginal: list[str]
+    report: Any = None
 
 
 _KPIS_KEY = pytest.StashKey[dict]()
@@ -244,16 +244,16 @@ class _RecordCollector:
         self.session = session
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        from harness.records import StepRecord
+        from harness.reporting.records import StepRecord
 
         for name, value in report.user_properties:
             if name == RECORD_PROPERTY:
-                self.session.records.append(StepRecord(**value))
+                self.session.records.append(StepRecord.from_json(value, f"{report.nodeid}'s step record"))
             elif name == DEVICE_STATE_PROPERTY:
                 self.session.device_states[value["id"]] = value
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        from harness.summary import run_exit_status
+        from harness.reporting.summary import run_exit_status
 
         if hasattr(session.config, "workerinput"):
             return
@@ -356,61 +356,39 @@ def _step_fixtures() -> types.ModuleType:
 def _harness_labels(request: pytest.FixtureRequest) -> None:
     callspec = getattr(request.node, "callspec", None)
     if callspec is not None and "target" in callspec.params:
-        from harness.reporting import label_target
+        from harness.reporting.allure import label_target
 
         t = callspec.params["target"]
         label_target(t.device.id, t.soc.id, t.soc.name, t.model.name)
 
 
-def junit_properties(step: str, kpis: dict) -> list[tuple[str, Any]]:
-    """Return the scalar KPIs (and one level of nested ones, e.g. latency_ms.p50) as (step.kpi, value) pairs
-    for --junitxml's <properties>; a KPI's confidence interval as (step.kpi.interval, '[low, high] (95%
-    method, n=N)')."""
-    pairs = []
-    for key, value in kpis.items():
-        if key == INTERVALS_KEY and isinstance(value, dict):
-            pairs.extend((f"{step}.{k}.interval", str(interval_of(kpis, k))) for k in value if interval_of(kpis, k))
-        elif isinstance(value, (int, float, str, bool)) and not (isinstance(value, str) and len(value) > 200):
-            pairs.append((f"{step}.{key}", value))
-        elif isinstance(value, dict):
-            pairs.extend((f"{step}.{key}.{k}", v) for k, v in value.items() if isinstance(v, (int, float, bool)))
-    return pairs
-
-
 @pytest.fixture
 def check(request: pytest.FixtureRequest):
-    """check(outcome) -> StepReport: record KPIs, attach to Allure, fail on any broken limit; a step whose
-    evidence cannot decide a limit (and breaks none) is not failed but recorded `inconclusive`, and marginal
-    passes are recorded as such. A failure's message is a one-line headline over its details."""
-    from harness.reporting import attach_report
-    from harness.json_values import json_safe
+    """check(outcome) -> StepReport: keep the KPIs and the verdict for the step's record (its Allure result and
+    JUnit properties follow from it), fail on any broken limit; a step whose evidence cannot decide a limit (and
+    breaks none) is not failed but recorded `inconclusive`, and marginal passes are recorded as such. A failure's
+    message is a one-line headline over its details."""
 
     def _check(outcome: Outcome) -> Any:
         hs = request.config.stash.get(SESSION_KEY, None)
         callspec = getattr(request.node, "callspec", None)
         if hs is not None and callspec is not None and "target" in callspec.params:
             hs.pool.note_step(callspec.params["target"].device.id, outcome.error if outcome.transport_error else None)
-        properties = request.node.user_properties
         if outcome.error is not None:
             message = summarize(outcome.step, [outcome.error])
-            properties += [(f"{outcome.step}.status", "error"), (f"{outcome.step}.reason", headline(message))]
+            request.node.stash[_VERDICT_KEY] = _StepVerdict("error", message, [])
             pytest.fail(message, pytrace=False)
         report = outcome.value
-        request.node.stash[_KPIS_KEY] = json_safe(report.kpis)
-        status = report.status
-        properties += [*junit_properties(outcome.step, report.kpis), (f"{outcome.step}.status", status)]
-        attach_report(report)
+        request.node.stash[_KPIS_KEY] = dict(report.kpis)  # a copy: telemetry's KPIs join it
         for note in report.notes:
             warnings.warn(HarnessWarning(f"{outcome.step}: {note}"), stacklevel=2)
         problems, undecided = report.problems(), report.undecided()
         message = (summarize(f"{outcome.step} did not pass", problems) if problems else
                    summarize(outcome.step, undecided) if undecided else "")
-        if message:
-            properties.append((f"{outcome.step}.reason", headline(message)))
+        request.node.stash[_VERDICT_KEY] = _StepVerdict(report.status, message,
+                                                        [str(v) for v in report.verdicts if v.marginal], report)
         if problems:
             pytest.fail(message, pytrace=False)
-        request.node.stash[_VERDICT_KEY] = _StepVerdict(status, message,
-                                                        [str(v) for v in report.verdicts if v.marginal])
         return report
 
     return _check

@@ -14,10 +14,8 @@ from pathlib import Path
 import pytest
 
 from harness.errors import HarnessError
+from harness.options import AIMET_MODES, SWEEP_MODES, AccuracyOptions
 from harness.plugin import SESSION_KEY
-
-SWEEP_MODES = ("off", "quick", "full")  # as harness.steps.sweep.SWEEP_MODES (not imported: heavy)
-AIMET_MODES = ("auto", "on", "off")  # as harness.steps.aimet_recovery.AIMET_MODES
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -33,8 +31,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 @pytest.hookimpl(trylast=True)  # after the core plugin has made the HarnessSession
 def pytest_configure(config: pytest.Config) -> None:
-    from harness.encodings import load_encodings
-    from harness.steps.aimet_recovery import RecoveryOptions
+    from harness.quantization.encodings import load_encodings
 
     path = config.getoption("quantization_overrides", None)
     encodings, source = {}, ""
@@ -43,6 +40,6 @@ def pytest_configure(config: pytest.Config) -> None:
             encodings, source = load_encodings(Path(path)).to_json(), str(Path(path).expanduser().resolve())
         except HarnessError as e:
             raise pytest.UsageError(f"--quantization-overrides: {e}") from None
-    config.stash[SESSION_KEY].accuracy = RecoveryOptions(sweep=config.getoption("sweep", "quick"),
+    config.stash[SESSION_KEY].accuracy = AccuracyOptions(sweep=config.getoption("sweep", "quick"),
                                                          encodings=encodings, encodings_file=source,
                                                          aimet=config.getoption("aimet", "auto"))

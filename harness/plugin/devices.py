@@ -12,7 +12,7 @@
   health-checked before first use; quarantines go to --farm-state; the terminal summary lists the
   devices used and quarantined, and a table per device x model of each step's outcome and headline KPI.
   A requested step that did not run because its device was out makes the run incomplete: the summary
-  names the device and why, and the exit status is not 0 (harness.summary.run_exit_status).
+  names the device and why, and the exit status is not 0 (harness.reporting.summary.run_exit_status).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import pytest
 import os
 
 from harness.errors import HarnessError
+from harness.options import bounded
 from harness.plugin import DEVICE_STATE_PROPERTY, SESSION_KEY, _KPIS_KEY
-from harness.plugin.option_types import bounded
 
 DEFAULT_TELEMETRY_INTERVAL_S = 0.5
 _SAMPLER_KEY = pytest.StashKey[object]()
@@ -33,7 +33,8 @@ _interval = bounded(float, 0, "an interval in seconds (0 turns telemetry off)")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    from harness.farm import DEFAULT_MIN_FREE_MB, DEFAULT_QUARANTINE_HOURS
+    from harness.farm.health import DEFAULT_MIN_FREE_MB
+    from harness.farm.state import DEFAULT_QUARANTINE_HOURS
 
     group = parser.getgroup("snapdragon")
     group.addoption("--telemetry-interval", type=_interval, default=DEFAULT_TELEMETRY_INTERVAL_S, metavar="SECONDS",
@@ -187,9 +188,9 @@ _REPORTED_KEY = pytest.StashKey[set]()
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:  # type: ignore[no-untyped-def]
     """The farm summary (devices used and quarantined, and why), a table per device x model, the inconclusive
     steps and marginal passes, the devices that were out with the steps they kept from running, and why the
-    exit status is not 0 when no test failed (harness.summary)."""
-    from harness.summary import (EXIT_DEVICES_OUT, device_lines, incomplete_lines, run_exit_status, step_table,
-                                 verdict_lines)
+    exit status is not 0 when no test failed (harness.reporting.summary)."""
+    from harness.reporting.summary import (EXIT_DEVICES_OUT, device_lines, incomplete_lines, run_exit_status,
+                                           step_table, verdict_lines)
 
     hs = config.stash.get(SESSION_KEY, None)
     if hs is None or hasattr(config, "workerinput") or not hs.records:

@@ -68,7 +68,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     hs = config.stash.get(SESSION_KEY, None)
     if root is None or hs is None or hasattr(config, "workerinput"):
         return
-    from harness.summary import EXIT_INCONCLUSIVE
+    from harness.reporting.summary import EXIT_INCONCLUSIVE
 
     if exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED, EXIT_INCONCLUSIVE):
         reason = pytest.ExitCode(exitstatus).name.lower().replace("_", " ") if exitstatus in list(pytest.ExitCode) \

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from harness.errors import HarnessError
+from harness.options import ValidationOptions, bounded, positive_seconds, seconds
 from harness.plugin import SESSION_KEY
-from harness.plugin.option_types import bounded, positive_seconds, seconds
 
 _sessions = bounded(int, 1, "a number of sessions (1 or more)")
 _count = bounded(int, 1, "a positive whole number of inferences")
@@ -41,8 +41,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 @pytest.hookimpl(trylast=True)  # after the core plugin has made the HarnessSession
 def pytest_configure(config: pytest.Config) -> None:
-    from harness.validation import ValidationOptions
-
     config.addinivalue_line("markers", "validation: Step 7 (validation) suite; deselect with -m 'not validation'")
     opt = config.option
     try:

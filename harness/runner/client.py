@@ -1,9 +1,9 @@
-"""Host side of the device runner: stage inputs in qnn-net-run's layout, run, collect outputs.
+"""DeviceRunner, the one runner interface of a device: stage inputs in qnn-net-run's layout, run, collect outputs.
 
 Two runners exist on a device: the harness's own Python runner (device_runner.py, where the
-device has a `python:`) and Qualcomm's qnn-net-run (adb devices without one; context binaries
-only, see harness.runner.qnn_net_run). Both leave a RunResult; RunResult.latency_source says
-whether its timings come from the HTP simulator or a device (see latency_source()).
+device has a `python:`, run from here) and Qualcomm's qnn-net-run (adb devices without one; context binaries
+only, harness.runner.qnn_net_run). Both leave a RunResult (harness.runner.base); RunResult.latency_source says
+whether its timings come from the HTP simulator or a device.
 """
 
 from __future__ import annotations
@@ -16,18 +16,18 @@ import shutil
 import tempfile
 import threading
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from harness.data import Feed, feeds_digest
+from harness.data import Feed
 from harness.emulator.device_time import modelled_latency
 from harness.errors import ContextMismatchError, DeviceLostError, DeviceTimeoutError, RunnerError, TransportError
-from harness.files import sha256_file
 from harness.placement import refusal_message
-from harness.runner.qnn_net_run import (PYTHON_ENTRY_HINT, QnnContextModel, job_input_list, profile_timings,
-                                        qnn_context_model, read_qnn_results)
+from harness.runner.base import (CONTEXT_SIDECAR, NodePlacement, RunResult, keep_outputs, push_feeds, push_model,
+                                 remote_model_path)
+from harness.runner.qnn_net_run import PYTHON_ENTRY_HINT, QnnNetRun
 from harness.runner.server_client import RunnerServer
 from harness.telemetry import TelemetryPaths
 from harness.transports.base import CommandResult, Transport
@@ -37,8 +37,6 @@ logger = logging.getLogger(__name__)
 RUNNER_SOURCE = Path(__file__).with_name("device_runner.py")
 RUNNER_REMOTE = "bin/device_runner.py"
 RUNNER_MODE_ENV = "HARNESS_RUNNER"  # "oneshot": a fresh runner process per call (debugging, benchmarks)
-CONTEXT_SIDECAR = "context.json"  # beside a compiled EPContext model: the SoC it was built for
-HTP_EP = "QNNExecutionProvider"
 
 
 @dataclass(frozen=True)
@@ -89,20 +87,6 @@ def check_context_target(model: Path, soc, device_id: str) -> ContextTarget | No
 
 
 
-@dataclass(frozen=True)
-class NodePlacement:
-    """Which execution provider a node of the (optimised) graph was assigned to."""
-
-    node: str
-    op_type: str
-    ep: str
-
-    @property
-    def on_htp(self) -> bool:
-        """True when the QNN EP (HTP) runs this node."""
-        return self.ep == HTP_EP
-
-
 class HtpRefusedError(RunnerError):
     """The HTP refused nodes of a model run with CPU fallback disabled; `nodes` are the refused ones
     (NodePlacement, as a fallback-allowed session placed them, boundary Q/DQ nodes left out)."""
@@ -122,33 +106,6 @@ class HtpRefusedError(RunnerError):
         return cls(f"{Path(model).name}: {message}", refused, device=transport.device_id, argv=argv, rc=rc)
 
 
-X86_64_MACHINES = frozenset({"x86_64", "amd64", "x64"})
-ARM64_MACHINES = frozenset({"aarch64", "arm64", "aarch64_be", "armv8l", "armv8b"})
-
-
-def latency_source(runtime: str, machine: str | None) -> str:
-    """Return where the timings of a run on runtime ('htp' or 'cpu') on machine came from.
-
-    machine is platform.machine() (or `uname -m`) of the machine the runner ran on:
-
-    * 'simulator': the `htp` runtime on x86-64 (x86_64/AMD64). The QNN HTP backend there is
-      Qualcomm's Hexagon HTP simulator: real HTP numerics, but simulator wall time, not a phone's
-      latency. This holds for the emulator, for an SSH "board" that is an x86-64 host and for the
-      emulated adb phone alike.
-    * 'device': the `htp` runtime on aarch64/ARM64, i.e. the SoC's own HTP.
-    * 'host-cpu': the `cpu` runtime on x86-64 (an x86-64 machine's CPU, not a Snapdragon's).
-    * 'device-cpu': the `cpu` runtime on aarch64/ARM64 (the device's Arm CPU cores).
-    * 'unknown': the machine was not reported (an older runner) or is another architecture.
-    """
-    arch = (machine or "").strip().lower()
-    on_x86, on_arm = arch in X86_64_MACHINES, arch in ARM64_MACHINES
-    if not (on_x86 or on_arm):
-        return "unknown"
-    if runtime == "htp":
-        return "simulator" if on_x86 else "device"
-    return "host-cpu" if on_x86 else "device-cpu"
-
-
 @dataclass(frozen=True)
 class SoakSpec:
     """A soak run: duration_s seconds (or exactly `iterations` inferences), statistics per window_s, and
@@ -164,58 +121,6 @@ class SoakSpec:
     tail_s: float = 0.0  # keep sampling this long after the soak (phase "tail"): power readings lag the load
 
 
-@dataclass
-class RunResult:
-    """Outputs of a runner invocation, one dict per input line, plus its report."""
-
-    outputs: list[Feed]
-    runtime: str
-    load_s: float
-    inference_s: list[float]
-    placement: list[NodePlacement]
-    report: dict = field(repr=False)
-    workdir: Path | None = None
-    iteration_s: list[float] = field(default_factory=list)  # the measurement loop's iterations
-    measured_s: float = 0.0  # wall time of the measurement loop
-    peak_rss_mb: float | None = None  # the runner process's peak resident memory
-    machine: str | None = None  # platform.machine() where the runner ran (x86_64, aarch64, AMD64, ARM64)
-    system: str | None = None  # platform.system() there (Linux, Windows)
-    runner: str = "python"  # 'python' (device_runner.py) or 'qnn-net-run'
-    notes: list[str] = field(default_factory=list)  # what the runner could not report, e.g. no timings
-    # an emulated device's modelled time of each iteration_s iteration (harness.emulator.device_time), None on a
-    # real device: the `emulated` latency figure; iteration_s there is the HTP simulator's wall time
-    emulated_s: list[float] | None = None
-
-    @property
-    def latency_source(self) -> str:
-        """Where this run's timings come from: 'simulator', 'device', 'host-cpu', 'device-cpu' or
-        'unknown' (see latency_source())."""
-        return latency_source(self.runtime, self.machine)
-
-
-def remote_model_path(model: Path) -> str:
-    """Return where push_model puts model on the device, relative to the work directory (keyed by content)."""
-    return f"models/{sha256_file(Path(model))[:16]}/{Path(model).name}"
-
-
-def input_paths(feeds: list[Feed]) -> list[list[tuple[str, str]]]:
-    """Return, per feed, the (input name, raw file path relative to the data directory) pairs."""
-    return [[(name, f"inputs/{i}/{_safe(name)}.raw") for name in feed] for i, feed in enumerate(feeds)]
-
-
-def write_input_list(feeds: list[Feed], directory: Path) -> Path:
-    """Write feeds as raw float32 files plus a qnn-net-run input list; return the list's path."""
-    lines = []
-    for feed, items in zip(feeds, input_paths(feeds)):
-        for name, rel in items:
-            (directory / rel).parent.mkdir(parents=True, exist_ok=True)
-            np.ascontiguousarray(feed[name], dtype=np.float32).tofile(directory / rel)
-        lines.append(" ".join(f"{name}:={rel}" for name, rel in items))
-    path = directory / "input_list.txt"
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
 def read_results(out_dir: Path, report: dict) -> list[Feed]:
     """Read Result_N/<output>.raw files back into arrays shaped as the report says."""
     metas = report.get("outputs") or []
@@ -225,10 +130,6 @@ def read_results(out_dir: Path, report: dict) -> list[Feed]:
         results.append({m["name"]: np.fromfile(rdir / m["file"], dtype=np.float32).reshape(m["shape"])
                         for m in metas})
     return results
-
-
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "_.-" else "_" for c in name) or "input"
 
 
 class DeviceRunner:
@@ -248,8 +149,8 @@ class DeviceRunner:
         self._server_lock = threading.Lock()
         self._deployed = False
         self._platform: tuple[str | None, str | None] | None = None  # the device's (machine, system)
-        self._qnn_net_run = None  # harness.transports.adb.QnnNetRun, once deployed
-        self.idle_temps_c: dict[str, float] = {}  # the device's zones when it connected (harness.cooldown)
+        self.qnn_net_run = QnnNetRun(transport)  # runs models where runner_kind is 'qnn-net-run'
+        self.idle_temps_c: dict[str, float] = {}  # the device's zones when it connected (harness.farm.cooldown)
 
     def deploy(self) -> None:
         """Push the runner program to the device (skipped when it is already there)."""
@@ -291,33 +192,6 @@ class DeviceRunner:
             raise RunnerError("the device runner's --self_check printed no report", device=self.transport.device_id,
                               argv=argv, rc=result.rc, stdout=result.stdout, stderr=result.stderr) from None
 
-    def push_model(self, model: Path) -> str:
-        """Push a model (and its external-data or context-binary siblings); return its remote path."""
-        model = Path(model)
-        remote = remote_model_path(model)
-        remote_dir = posixpath.dirname(remote)
-        self.transport.push(model, remote)
-        for sibling in model.parent.glob(model.stem + "*"):
-            if sibling != model and sibling.suffix in {".bin", ".data"}:
-                self.transport.push(sibling, f"{remote_dir}/{sibling.name}")
-        if (model.parent / CONTEXT_SIDECAR).is_file():
-            self.transport.push(model.parent / CONTEXT_SIDECAR, f"{remote_dir}/{CONTEXT_SIDECAR}")
-        return f"{remote_dir}/{model.name}"
-
-    def push_feeds(self, feeds: list[Feed], staging: Path) -> str:
-        """Stage feeds as raw files + input list on the device once per content; return the list's path.
-
-        The data directory is keyed by the feeds' digest and completed by a marker file pushed
-        last, so a re-run (or another step on the same data) transfers nothing.
-        """
-        remote = f"data/{feeds_digest(feeds)}"
-        if not self.transport.exists(f"{remote}/.complete"):
-            write_input_list(feeds, staging)
-            self.transport.push(staging, remote)
-            (staging / ".complete").write_text("ok\n")
-            self.transport.push(staging / ".complete", f"{remote}/.complete")
-        return f"{remote}/input_list.txt"
-
     def run(self, model: Path, feeds: list[Feed] | None, runtime: str, *,
             allow_cpu_fallback: bool = False, placement_only: bool = False,
             profiling_level: str = "off", warmup: int = 0, keep_dir: Path | None = None,
@@ -327,16 +201,17 @@ class DeviceRunner:
         With min_iterations/min_duration_s, after the outputs pass the runner times a loop over the
         feeds until both minimums are met (RunResult.iteration_s).
         On a device whose transport runs qnn-net-run (runner_kind 'qnn-net-run'), only a compiled
-        context binary runs, on `htp`, without a measurement loop (see run_qnn_net_run).
+        context binary runs, on `htp`, without a measurement loop (see QnnNetRun.run).
         Raises ContextMismatchError for a context binary compiled for another SoC than the device's
         (before anything is pushed), and RunnerError with the runner's own message when the model
         cannot be loaded or run. DeviceLostError and DeviceTimeoutError from the transport propagate.
         """
         check_context_target(model, self.transport.soc, self.transport.device_id)
         if self.transport.runner_kind == "qnn-net-run":
-            return self.run_qnn_net_run(model, feeds, runtime, placement_only=placement_only,
-                                        profiling_level=profiling_level, warmup=warmup, keep_dir=keep_dir,
-                                        min_iterations=min_iterations, min_duration_s=min_duration_s)
+            return self.qnn_net_run.run(model, feeds, runtime, timeout_s=self.timeout_s, platform=self.device_platform,
+                                        placement_only=placement_only, profiling_level=profiling_level,
+                                        warmup=warmup, keep_dir=keep_dir, min_iterations=min_iterations,
+                                        min_duration_s=min_duration_s)
         for attempt in (1, 2):
             argv = self._runner_argv(model, runtime, allow_cpu_fallback=allow_cpu_fallback,
                                      placement_only=placement_only, profiling_level=profiling_level, warmup=warmup,
@@ -398,7 +273,8 @@ class DeviceRunner:
                                  intra_op_threads=0)
         with tempfile.TemporaryDirectory(prefix="harness-also-") as tmp:
             for k, (other, other_feeds) in enumerate(others):
-                argv += ["--also", self.push_model(other), self.push_feeds(other_feeds, Path(tmp) / str(k))]
+                argv += ["--also", push_model(self.transport, other),
+                         push_feeds(self.transport, other_feeds, Path(tmp) / str(k))]
         argv += self._emulated_argv([other for other, _ in others])
         argv += ["--sessions", str(sessions), "--concurrent_duration", repr(float(duration_s)),
                  "--solo_duration", repr(float(solo_duration_s)), "--concurrency_mode", mode]
@@ -410,7 +286,7 @@ class DeviceRunner:
         """Run a device-side tool (a script beside device_runner.py in the device's bin/, e.g. llm_runner.py or
         genie_runner.py) with `command` in a fresh job directory; return the result.json it writes.
 
-        Remote paths in `command` are the caller's (push files first with push_model / push_dir). Raises
+        Remote paths in `command` are the caller's (push files first with base.push_model / push_dir). Raises
         RunnerError with the tool's own message when it writes no result, or (raise_on_error) reports an error.
         """
         self._refuse_without_python(f"{script.name}")
@@ -458,7 +334,7 @@ class DeviceRunner:
         with tempfile.TemporaryDirectory(prefix="harness-job-") as tmp:
             tmp_dir = Path(tmp)
             if feeds is not None:
-                argv += ["--input_list", self.push_feeds(feeds, tmp_dir / "in")]
+                argv += ["--input_list", push_feeds(self.transport, feeds, tmp_dir / "in")]
             out_dir = tmp_dir / "out"
             try:
                 result, restarted = self._invoke(argv, timeout_s or self.timeout_s)
@@ -473,7 +349,7 @@ class DeviceRunner:
                 raise RunnerError(f"device runner ({runtime}) on {Path(model).name}: {report['error']}",
                                   device=self.transport.device_id, argv=argv, rc=result.rc)
             outputs = read_results(out_dir, report)
-            _keep(out_dir, keep_dir)
+            keep_outputs(out_dir, keep_dir)
         return RunResult(outputs=outputs, runtime=runtime, load_s=float(report.get("load_s", 0.0)),
                          inference_s=[float(t) for t in report.get("inference_s") or []],
                          placement=[NodePlacement(**p) for p in report.get("placement") or []],
@@ -508,7 +384,7 @@ class DeviceRunner:
         """Deploy the runner and the model; return the runner's argv (without output dir and input list)."""
         soc = self.transport.soc
         self.deploy()
-        remote_model = self.push_model(model)
+        remote_model = push_model(self.transport, model)
         argv = [*self.transport.python, RUNNER_REMOTE, "--model", remote_model, "--runtime", runtime,
                 "--htp_arch", str(soc.htp_arch), "--soc_model", str(soc.soc_model),
                 "--profiling_level", profiling_level, "--warmup", str(warmup)]
@@ -552,8 +428,6 @@ class DeviceRunner:
                               device=self.transport.device_id, argv=argv, rc=result.rc,
                               stdout=result.stdout, stderr=result.stderr) from None
 
-    # ------------------------------------------------------------------ qnn-net-run
-
     def device_platform(self) -> tuple[str | None, str | None]:
         """Return the device's (machine, system) from `uname -m -s` (asked once; (None, None) when
         it cannot say)."""
@@ -570,90 +444,6 @@ class DeviceRunner:
                 pass
             self._platform = (machine, system)
         return self._platform
-
-    def _qnn(self):  # type: ignore[no-untyped-def]
-        """Return the transport's QnnNetRun, its SDK files pushed once."""
-        if self._qnn_net_run is None:
-            from harness.transports.adb import QnnNetRun
-
-            qnn = QnnNetRun(self.transport)  # type: ignore[arg-type]
-            qnn.deploy()
-            self._qnn_net_run = qnn
-        return self._qnn_net_run
-
-    def run_qnn_net_run(self, model: Path, feeds: list[Feed] | None, runtime: str, *,
-                        placement_only: bool = False, profiling_level: str = "off", warmup: int = 0,
-                        keep_dir: Path | None = None, min_iterations: int = 0,
-                        min_duration_s: float = 0.0) -> RunResult:
-        """Run a compiled context binary with qnn-net-run on the device; return its RunResult.
-
-        Pushes qnn-net-run and the HTP libraries (once), the wrapper with its .bin, the feeds, and
-        an input list in the job directory; runs `qnn-net-run --retrieve_context <bin>` with the job
-        directory as cwd and reads Result_<N>/*.raw back with the wrapper's output names and shapes.
-        Placement is the EPContext node on the HTP; inference_s comes from qnn-net-run's profile
-        when profiling_level is not 'off' (else it is empty, with a note in RunResult.notes).
-        Raises RunnerError, saying what to do instead, for anything but a context binary on `htp`
-        over feeds (a QDQ/float model, the `cpu` runtime, placement_only, warm-up or a measurement
-        loop), and when qnn-net-run fails or leaves no outputs.
-        """
-        device_id = self.transport.device_id
-        refused = _qnn_refusal(runtime, feeds, placement_only, warmup, min_iterations, min_duration_s)
-        if refused:
-            raise RunnerError(f"device {device_id} runs Qualcomm's qnn-net-run (its devices.yaml entry has no "
-                              f"`python:`), which runs compiled context binaries on the HTP over input files "
-                              f"only: {refused} is not available; {PYTHON_ENTRY_HINT}", device=device_id)
-        ctx = qnn_context_model(model, device_id)
-        feeds = list(feeds or [])  # not empty: _qnn_refusal refuses a run without inputs
-        qnn = self._qnn()
-        remote_dir = posixpath.dirname(self.push_model(model))
-        job = f"jobs/{uuid.uuid4().hex[:12]}"
-        with tempfile.TemporaryDirectory(prefix="harness-job-") as tmp:
-            tmp_dir = Path(tmp)
-            data_dir = posixpath.dirname(self.push_feeds(feeds, tmp_dir / "in"))
-            self._push_job_list(feeds, data_dir, job, tmp_dir)
-            argv = qnn.argv(posixpath.relpath(f"{remote_dir}/{ctx.context_file.name}", job), "input_list.txt",
-                            "out", profiling_level)
-            out_dir = tmp_dir / "out"
-            try:
-                result = self.transport.run(argv, timeout_s=self.timeout_s, cwd=job)
-                self._pull_qnn_outputs(f"{job}/out", out_dir, argv, result)
-            finally:
-                self.transport.remove(job)
-            outputs = read_qnn_results(out_dir, ctx, len(feeds), device_id)
-            notes: list[str] = []
-            timings = profile_timings(out_dir, qnn.files.sdk_root, len(feeds)) if profiling_level != "off" else None
-            inference_s, load_s = (timings.inference_s, timings.load_s) if timings else ([], 0.0)
-            if timings is None:
-                notes.append("qnn-net-run ran without profiling: no per-inference timings (pass profiling_level)")
-            elif timings.note:
-                notes.append(timings.note)
-            machine, system = self.device_platform()
-            report = _qnn_report(ctx, remote_dir, outputs, inference_s, load_s, notes, machine, system, argv)
-            (out_dir / "runner_report.json").write_text(json.dumps(report, indent=1))
-            _keep(out_dir, keep_dir)
-        return RunResult(outputs=outputs, runtime="htp", load_s=load_s, inference_s=inference_s,
-                         placement=[NodePlacement(ctx.node, "EPContext", HTP_EP)], report=report,
-                         workdir=keep_dir, machine=machine, system=system, runner="qnn-net-run", notes=notes)
-
-    def _push_job_list(self, feeds: list[Feed], data_dir: str, job: str, tmp_dir: Path) -> None:
-        """Write qnn-net-run's input list for feeds staged in data_dir and push it to job/input_list.txt."""
-        local = tmp_dir / "job_input_list.txt"
-        local.write_text(job_input_list(input_paths(feeds), data_dir, job))
-        self.transport.push(local, f"{job}/input_list.txt")
-
-    def _pull_qnn_outputs(self, remote_out: str, out_dir: Path, argv: list[str], result: CommandResult) -> None:
-        """Pull qnn-net-run's output directory; raise RunnerError when it failed or left none."""
-        if result.rc != 0:
-            raise RunnerError("qnn-net-run failed on the device", device=self.transport.device_id, argv=argv,
-                              rc=result.rc, stdout=result.stdout, stderr=result.stderr)
-        try:
-            self.transport.pull(remote_out, out_dir)
-        except (DeviceLostError, DeviceTimeoutError):
-            raise
-        except TransportError as e:
-            raise RunnerError(f"qnn-net-run exited 0 but left no output directory: {e}",
-                              device=self.transport.device_id, argv=argv, rc=result.rc,
-                              stdout=result.stdout, stderr=result.stderr) from None
 
 
 def _emulated_notes(report: dict) -> list[str]:
@@ -673,37 +463,3 @@ def _restart_notes(report: dict) -> list[str]:
     return []
 
 
-def _qnn_refusal(runtime: str, feeds: list[Feed] | None, placement_only: bool, warmup: int,
-                 min_iterations: int, min_duration_s: float) -> str | None:
-    """Return what a qnn-net-run device was asked for and cannot do, or None."""
-    if runtime != "htp":
-        return f"the `{runtime}` runtime"
-    if placement_only:
-        return "a placement-only run (load without inputs)"
-    if warmup or min_iterations or min_duration_s:
-        return "a warm-up or timed measurement loop (qnn-net-run runs each input line once)"
-    if not feeds:
-        return "a run without inputs"
-    return None
-
-
-def _qnn_report(ctx: "QnnContextModel", remote_dir: str, outputs: list[Feed], inference_s: list[float],
-                load_s: float, notes: list[str], machine: str | None, system: str | None, argv: list[str]) -> dict:
-    """Return a runner_report.json-shaped record of a qnn-net-run job, built on the host."""
-    first = outputs[0] if outputs else {}
-    return {"runner": "qnn-net-run", "runtime": "htp", "model": f"{remote_dir}/{ctx.model.name}",
-            "context_binary": f"{remote_dir}/{ctx.context_file.name}", "argv": argv, "error": None,
-            "machine": machine, "system": system, "load_s": load_s, "inference_s": inference_s,
-            "placement": [{"node": ctx.node, "op_type": "EPContext", "ep": HTP_EP}],
-            "outputs": [{"name": n, "shape": list(np.shape(v)), "dtype": "float32"} for n, v in first.items()],
-            "notes": notes}
-
-
-def _keep(out_dir: Path, keep_dir: Path | None) -> None:
-    """Copy the run's report and QNN profile CSV (where present) into keep_dir."""
-    if keep_dir is None:
-        return
-    keep_dir.mkdir(parents=True, exist_ok=True)
-    for name in ("runner_report.json", "qnn_profile.csv"):
-        if (out_dir / name).exists():
-            shutil.copyfile(out_dir / name, keep_dir / name)

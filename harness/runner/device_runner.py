@@ -164,16 +164,21 @@ def check_context_target(args, report):
             f"run targets soc_model {args.soc_model}, v{args.htp_arch}: recompile it for this device's SoC")
 
 
+def proc_status_mb(field):
+    """Return a /proc/self/status memory field (VmHWM, VmRSS) in MiB, or None where it cannot be read."""
+    try:
+        with open("/proc/self/status") as f:
+            return next((int(line.split()[1]) / 1024.0 for line in f if line.startswith(field + ":")), None)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def peak_rss_mb():
     """Return this process's peak resident set size in MiB (Linux: VmHWM, which, unlike getrusage's maxrss,
     does not carry over the parent's peak across fork/exec), or None where neither can be read."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024.0
-    except (OSError, ValueError, IndexError):
-        pass
+    peak = proc_status_mb("VmHWM")
+    if peak is not None:
+        return peak
     try:
         import resource
     except ImportError:  # Windows on Snapdragon
@@ -377,12 +382,7 @@ def weighted_summary(pieces, span_s, base_s=None):
 
 def segment_pieces(segments, lo, hi):
     """Return the (latency, count) pieces of the segments' inferences within [lo, hi)."""
-    pieces = []
-    for a, b, latency in segments:
-        overlap = min(b, hi) - max(a, lo)
-        if overlap > 0:
-            pieces.append((latency, overlap / latency))
-    return pieces
+    return [(latency, (min(b, hi) - max(a, lo)) / latency) for a, b, latency in segments if min(b, hi) > max(a, lo)]
 
 
 def window_bounds(window_s, total_s):
@@ -644,7 +644,7 @@ def emulated_latencies(args, models):
 
 
 def shared_latency_s(latencies_s):
-    """Return one round of an HTP shared by sessions of these latencies (device_time.shared_latency_ms)."""
+    """Return one round of an HTP shared by sessions of these latencies (plus a context switch each if several)."""
     switch_s = CONTEXT_SWITCH_S * len(latencies_s) if len(latencies_s) > 1 else 0.0
     return sum(latencies_s) + switch_s
 

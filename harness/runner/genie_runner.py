@@ -645,18 +645,6 @@ def run_t2t(args, config, folder, prompts, ids, report):
 
 # --- stress -----------------------------------------------------------------------------------------------
 
-def vm_rss_mb():
-    """Return this process's current resident set size in MiB (VmRSS), or None where unreadable."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024.0
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
 class RssSampler(threading.Thread):
     """Samples VmRSS every interval_s on the stress clock."""
 
@@ -666,7 +654,7 @@ class RssSampler(threading.Thread):
         self._stop_event = threading.Event()
 
     def sample(self):
-        rss = vm_rss_mb()
+        rss = device_runner.proc_status_mb("VmRSS")
         if rss is not None:
             self.samples.append({"t_s": time.perf_counter() - self.t0, "rss_mb": rss})
         return rss
@@ -731,7 +719,8 @@ def run_stress(args, report):
     prompts = load_prompts(args.prompts)
     context = dims["context_length"]
     report.update({"context_length": context, "ctx_bins": dims["ctx_bins"], "rounds": args.rounds,
-                   "concurrent": args.concurrent, "mode": args.mode, "rss_initial_mb": vm_rss_mb()})
+                   "concurrent": args.concurrent, "mode": args.mode,
+                   "rss_initial_mb": device_runner.proc_status_mb("VmRSS")})
     genie = Genie(args.lib)
     report["genie_api_version"] = genie.version
     config_text = json.dumps(config)

@@ -9,13 +9,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
-from harness.allure_names import (DEVICE, ENVIRONMENT_NAMES, INCONCLUSIVE, MARGINAL, MODEL, SOC, STEP_PREFIX,
-                                  kpi_attachment, split_soc_parameter, status_text)
-from harness.allure_report import read_result_files, result_parameters
-from harness.errors import HarnessError
-from harness.versions import tool_versions
 from harness.devices import builtin_catalog_data
-from harness.records import OUTCOMES
+from harness.errors import HarnessError
+from harness.reporting.names import (DEVICE, ENVIRONMENT_NAMES, INCONCLUSIVE, MARGINAL, MODEL, SOC, STEP_PREFIX,
+                                     kpi_attachment, split_soc_parameter, status_text)
+from harness.reporting.records import Chart, StepRecord
+from harness.reporting.report_cli import read_result_files, result_parameters
+from harness.versions import tool_versions
 
 NOT_RUN = "not run"
 _ALLURE_STATUS = {"passed": "passed", "failed": "failed", "broken": "error", "skipped": "skipped"}
@@ -24,37 +24,6 @@ _ENV_KEYS = {name: key for key, name in ENVIRONMENT_NAMES.items()}
 
 class SignoffInputError(HarnessError):
     """A sign-off input is missing, holds no results, or is not readable as a KPI JSON or Allure results."""
-
-
-@dataclass(frozen=True)
-class Chart:
-    """A PNG chart a step attached to its Allure test (name as attached, e.g. 'profile latency_histogram')."""
-
-    name: str
-    png: bytes
-
-
-@dataclass(frozen=True)
-class StepResult:
-    """One device x model x step: its outcome (passed, inconclusive, failed, error, skipped), message (a headline
-    line over details) and KPIs, where it came from, its charts, and the limits it passed only marginally."""
-
-    device: str
-    soc: str
-    model: str
-    step: str
-    outcome: str
-    message: str
-    kpis: dict[str, Any]
-    source: str
-    charts: tuple[Chart, ...] = ()
-    finished_ms: int = 0  # the Allure result's stop time (orders retries); 0 for KPI JSON records
-    marginal: tuple[str, ...] = ()  # verdicts of the limits passed close to a bound
-
-    @property
-    def key(self) -> tuple[str, str, str]:
-        """Return (device, model, step)."""
-        return self.device, self.model, self.step
 
 
 @dataclass(frozen=True)
@@ -88,14 +57,15 @@ class RunInfo:
 
 @dataclass
 class RunSet:
-    """Every input merged: one StepResult per device x model x step, the runs, the devices' farm states."""
+    """Every input merged: one StepRecord per device x model x step (with its source and charts), the runs, the
+    devices' farm states."""
 
-    results: list[StepResult]
+    results: list[StepRecord]
     runs: list[RunInfo]
     devices: list[DeviceState]
     soc_names: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    _index: dict[tuple[str, str, str], StepResult] = field(default_factory=dict, init=False, repr=False)
+    _index: dict[tuple[str, str, str], StepRecord] = field(default_factory=dict, init=False, repr=False)
 
     def targets(self) -> list[tuple[str, str, str]]:
         """Return the (device, soc, model) triples the results cover, in first-seen order."""
@@ -104,7 +74,7 @@ class RunSet:
             seen.setdefault((r.device, r.model), r.soc)
         return [(d, soc, m) for (d, m), soc in seen.items()]
 
-    def result(self, device: str, model: str, step: str) -> StepResult | None:
+    def result(self, device: str, model: str, step: str) -> StepRecord | None:
         """Return the record of device x model x step, or None when there is none."""
         if len(self._index) != len(self.results):
             self._index = {r.key: r for r in self.results}
@@ -113,7 +83,7 @@ class RunSet:
 
 @dataclass(frozen=True)
 class _Loaded:
-    records: list[StepResult]
+    records: list[StepRecord]
     environment: dict[str, Any]
     devices: list[DeviceState]
     soc_names: dict[str, str]
@@ -123,10 +93,11 @@ def load_runs(paths: Iterable[Path]) -> RunSet:
     """Return the merged RunSet of the given --kpi-json files, --alluredir directories and directories
     holding kpi.json and allure-results/.
 
-    Raises SignoffInputError naming the path that is missing, holds no results or cannot be read.
+    Raises SignoffInputError naming the path that is missing, holds no results or cannot be read (RecordError:
+    a KPI JSON record that lacks a key).
     """
-    kpi_by_key: dict[tuple[str, str, str], StepResult] = {}
-    allure_by_key: dict[tuple[str, str, str], StepResult] = {}
+    kpi_by_key: dict[tuple[str, str, str], StepRecord] = {}
+    allure_by_key: dict[tuple[str, str, str], StepRecord] = {}
     runs: list[RunInfo] = []
     devices: dict[str, DeviceState] = {}
     soc_names: dict[str, str] = {}
@@ -147,7 +118,7 @@ def load_runs(paths: Iterable[Path]) -> RunSet:
     return RunSet(results, runs, list(devices.values()), {**_catalog_names(), **soc_names}, notes)
 
 
-def _merge_into(merged: dict[tuple[str, str, str], StepResult], records: list[StepResult], notes: list[str]) -> None:
+def _merge_into(merged: dict[tuple[str, str, str], StepRecord], records: list[StepRecord], notes: list[str]) -> None:
     """Add records; of one device x model x step in two inputs, the later input's is kept (noted)."""
     for r in records:
         earlier = merged.get(r.key)
@@ -156,7 +127,7 @@ def _merge_into(merged: dict[tuple[str, str, str], StepResult], records: list[St
         merged[r.key] = r
 
 
-def _combine(kpi: StepResult | None, allure: StepResult | None) -> StepResult:
+def _combine(kpi: StepRecord | None, allure: StepRecord | None) -> StepRecord:
     """Return the KPI JSON record (the run's own verdict) with the Allure result's charts, or either alone."""
     if kpi is None:
         return allure  # type: ignore[return-value]
@@ -171,8 +142,8 @@ class _Argument:
     """What one RESULTS argument held: its run, its KPI JSON and Allure records, device states, SoC names."""
 
     run: RunInfo
-    kpi: list[StepResult]
-    allure: list[StepResult]
+    kpi: list[StepRecord]
+    allure: list[StepRecord]
     devices: list[DeviceState]
     soc_names: dict[str, str]
 
@@ -182,8 +153,8 @@ def _load_argument(path: Path) -> _Argument:
         raise SignoffInputError(f"{path}: no such file or directory (expected a --kpi-json file or an "
                                 "--alluredir directory)")
     kpi_files, allure_dirs = _sources(path)
-    kpi: list[StepResult] = []
-    allure: list[StepResult] = []
+    kpi: list[StepRecord] = []
+    allure: list[StepRecord] = []
     environment: dict[str, Any] = {}
     states: list[DeviceState] = []
     names: dict[str, str] = {}
@@ -209,7 +180,7 @@ def _label(path: Path) -> str:
     return str(path.resolve()) if path.name in ("", ".", "..") else str(path)
 
 
-def _with_qnn_sdk(environment: dict[str, Any], records: list[StepResult]) -> dict[str, Any]:
+def _with_qnn_sdk(environment: dict[str, Any], records: list[StepRecord]) -> dict[str, Any]:
     """Return the environment with the QNN SDK version: as recorded, else the one the run's context binaries
     were built with, else the one this machine's onnxruntime-qnn bundles when the run used that same version."""
     if environment.get("qnn_sdk"):
@@ -246,7 +217,8 @@ def _is_allure_dir(path: Path) -> bool:
 def load_kpi_json(path: Path) -> _Loaded:
     """Return the step records, environment and device states of a --kpi-json file.
 
-    Raises SignoffInputError naming the file when it is not JSON or not a KPI JSON.
+    Raises SignoffInputError naming the file when it is not JSON or not a KPI JSON, RecordError naming a record
+    that lacks a key or holds an unknown outcome.
     """
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -258,24 +230,10 @@ def load_kpi_json(path: Path) -> _Loaded:
     if not isinstance(data, dict) or not isinstance(data.get("records"), list):
         raise SignoffInputError(f"{path}: not a KPI JSON: expected an object with a \"records\" list "
                                 "(written by pytest --kpi-json)")
-    records = [_kpi_record(path, i, rec) for i, rec in enumerate(data["records"])]
+    records = [StepRecord.from_json(rec, f"{path}: record {i}", str(path)) for i, rec in enumerate(data["records"])]
     environment = data.get("environment") if isinstance(data.get("environment"), dict) else {}
     devices = [_device_state(path, d) for d in data.get("devices") or [] if isinstance(d, dict) and d.get("id")]
     return _Loaded(records, dict(environment), devices, {})
-
-
-def _kpi_record(path: Path, index: int, rec: Any) -> StepResult:
-    missing = [k for k in ("device", "model", "step", "outcome") if not isinstance(rec, dict) or not rec.get(k)]
-    if missing:
-        raise SignoffInputError(f"{path}: record {index} lacks {', '.join(missing)}; "
-                                "re-run pytest with --kpi-json to rewrite it")
-    outcome = str(rec["outcome"])
-    if outcome not in OUTCOMES:
-        raise SignoffInputError(f"{path}: record {index} has outcome {outcome!r}, not one of {', '.join(OUTCOMES)}")
-    kpis = rec.get("kpis") if isinstance(rec.get("kpis"), dict) else {}
-    marginal = tuple(str(v) for v in rec.get("marginal") or [] if v)
-    return StepResult(str(rec["device"]), str(rec.get("soc") or ""), str(rec["model"]), str(rec["step"]), outcome,
-                      str(rec.get("message") or ""), kpis, str(path), marginal=marginal)
 
 
 def _device_state(path: Path, d: dict[str, Any]) -> DeviceState:
@@ -294,7 +252,7 @@ def load_allure_results(results: Path) -> _Loaded:
         files = read_result_files(results)
     except HarnessError as e:
         raise SignoffInputError(str(e)) from None
-    by_key: dict[tuple[str, str, str], StepResult] = {}
+    by_key: dict[tuple[str, str, str], StepRecord] = {}
     names: dict[str, str] = {}
     for path, result in files:
         record = _allure_record(results, path, result, names)
@@ -304,7 +262,7 @@ def load_allure_results(results: Path) -> _Loaded:
     return _Loaded(list(by_key.values()), environment, [], names)
 
 
-def _allure_record(results: Path, path: Path, result: dict[str, Any], names: dict[str, str]) -> StepResult | None:
+def _allure_record(results: Path, path: Path, result: dict[str, Any], names: dict[str, str]) -> StepRecord | None:
     params = result_parameters(result)
     if not params.get(DEVICE) or not params.get(MODEL):
         return None  # not a harness step test
@@ -325,8 +283,8 @@ def _allure_record(results: Path, path: Path, result: dict[str, Any], names: dic
     kpis = _kpi_attachment(results, step, attachments)
     charts = tuple(Chart(str(a.get("name") or "chart"), _read_attachment(results, a)) for a in attachments
                    if a.get("type") == "image/png" and _attachment_path(results, a).is_file())
-    return StepResult(params[DEVICE], soc, params[MODEL], step, outcome, message, kpis, str(path.parent), charts,
-                      int(result.get("stop") or result.get("start") or 0), marginal)
+    return StepRecord(params[DEVICE], soc, params[MODEL], step, outcome, kpis, message, marginal, str(path.parent),
+                      charts, int(result.get("stop") or result.get("start") or 0))
 
 
 def _allure_step(result: dict[str, Any]) -> str | None:

@@ -9,8 +9,9 @@ from html import escape
 from typing import Any, Iterable
 
 from harness.kpi import INTERVALS_KEY, Interval, interval_of, kpi_value
+from harness.reporting.records import StepRecord
 from harness.signoff import format as fmt
-from harness.signoff.inputs import NOT_RUN, RunInfo, RunSet, StepResult
+from harness.signoff.inputs import NOT_RUN, RunInfo, RunSet
 from harness.signoff.verdict import REGRESSION_STEP, KpiDelta, Reason, ReleaseVerdict, order_steps
 
 BADGES = {"passed": ("pass", "PASS"), "marginal": ("marginal", "PASS · MARGINAL"),
@@ -92,7 +93,7 @@ def _counts(runs: RunSet, verdict: ReleaseVerdict) -> dict[str, int]:
             "skipped": outcomes.count("skipped"), NOT_RUN: len(verdict.by_kind("not_run")) - outcomes.count("skipped")}
 
 
-def _badge(r: StepResult | None) -> tuple[str, str]:
+def _badge(r: StepRecord | None) -> tuple[str, str]:
     """Return the (class, text) of a step result's badge: a marginal pass has its own."""
     if r is None:
         return BADGES[NOT_RUN]
@@ -272,7 +273,7 @@ def _steps_of(runs: RunSet, device: str, model: str) -> list[str]:
     return order_steps([r.step for r in runs.results if (r.device, r.model) == (device, model)])
 
 
-def _step_card(r: StepResult, deltas: list[KpiDelta]) -> str:
+def _step_card(r: StepRecord, deltas: list[KpiDelta]) -> str:
     cls, text = _badge(r)
     step_deltas = [d for d in deltas if d.step == r.step and d.kpi != "outcome"]  # the badge shows the outcome
     rows = []

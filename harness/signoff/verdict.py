@@ -10,8 +10,9 @@ from typing import Any
 
 from harness.baseline import REGRESSION_STEP
 from harness.errors import HarnessError
+from harness.reporting.records import StepRecord
 from harness.signoff.format import COMPARE_DIGITS, details, headline, value_text, when
-from harness.signoff.inputs import NOT_RUN, DeviceState, RunSet, StepResult
+from harness.signoff.inputs import NOT_RUN, DeviceState, RunSet
 from harness.steps.table import names
 
 REASON_KINDS = ("failed", "regression", "quarantined", "not_run", "inconclusive")
@@ -121,15 +122,12 @@ def expected_steps(runs: RunSet, rule: str = "seen") -> tuple[list[str], str]:
     return order_steps(listed), "the steps given with --expect-steps"
 
 
-def regression_deltas(record: StepResult) -> list[KpiDelta]:
+def regression_deltas(record: StepRecord) -> list[KpiDelta]:
     """Return the KPI verdicts of a regression step's record (empty when it has none)."""
-    out = []
-    for v in record.kpis.get("verdicts") or []:
-        if isinstance(v, dict) and v.get("kpi"):
-            out.append(KpiDelta(record.device, record.model, str(v.get("step") or ""), str(v["kpi"]),
-                                v.get("baseline"), v.get("current"), v.get("delta"), v.get("delta_pct"),
-                                str(v.get("verdict") or ""), v.get("p_value"), str(v.get("rule") or "")))
-    return out
+    return [KpiDelta(record.device, record.model, str(v.get("step") or ""), str(v["kpi"]), v.get("baseline"),
+                     v.get("current"), v.get("delta"), v.get("delta_pct"), str(v.get("verdict") or ""),
+                     v.get("p_value"), str(v.get("rule") or ""))
+            for v in record.kpis.get("verdicts") or [] if isinstance(v, dict) and v.get("kpi")]
 
 
 def decide(runs: RunSet, rule: str = "seen") -> ReleaseVerdict:
@@ -160,7 +158,7 @@ def decide(runs: RunSet, rule: str = "seen") -> ReleaseVerdict:
     return ReleaseVerdict(reasons, expected, rule_text, deltas, dict(sorted(skipped.items())), missing)
 
 
-def _regression_reasons(record: StepResult, deltas: list[KpiDelta]) -> list[Reason]:
+def _regression_reasons(record: StepRecord, deltas: list[KpiDelta]) -> list[Reason]:
     regressed = [d for d in deltas if d.verdict == "regressed"]
     if not regressed:
         return [Reason("regression", record.device, record.model, record.step,

@@ -35,7 +35,7 @@ import importlib.util
 import json
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -50,25 +50,12 @@ from harness.runner.client import DeviceRunner
 from harness.steps.inference import task_metric
 from harness.steps.ptq import QuantRecipe, compare_quantized, judge
 from harness.steps.report import StepReport
-from harness.steps.sweep import AccuracyOptions, Candidate, accuracy_limits, evaluate_recipe, rank
+from harness.steps.sweep import Candidate, accuracy_limits, evaluate_recipe, rank
 
-AIMET_MODES = ("auto", "on", "off")
 TECHNIQUES = ("recipe", "bn_fold", "cle", "adaround", "amp")
 ADAROUND_ITERATIONS = 500  # AIMET recommends 10k; 500 already settles a small CNN (FACTS: 7.5 s)
-ENCODING_VERSION = "0.6.1"  # the QAIRT --quantization_overrides layout (harness.encodings also reads 1.0.0/2.x)
+ENCODING_VERSION = "0.6.1"  # the QAIRT --quantization_overrides layout (harness.quantization reads 1.0.0/2.x too)
 _SIXTEEN = ("QUInt16", "QInt16")
-
-
-@dataclass(frozen=True)
-class RecoveryOptions(AccuracyOptions):
-    """AccuracyOptions with the AIMET step's mode (`--aimet auto|on|off`)."""
-
-    aimet: str = "auto"
-
-
-def aimet_mode(options: AccuracyOptions) -> str:
-    """Return the --aimet mode of options ('auto' for plain AccuracyOptions)."""
-    return getattr(options, "aimet", "auto")
 
 
 def aimet_missing() -> str | None:
@@ -177,7 +164,7 @@ def _write_export(sim, out: Path) -> dict[str, Any]:
     sim.export(str(raw), "model", encoding_version=ENCODING_VERSION)
     model = onnx.load(str(raw / "model.onnx"))  # external data (model.data) read back into one file
     onnx.save(model, str(out / "model.onnx"))
-    document = json.loads((raw / "model.encodings").read_text())  # kept as AIMET wrote it (harness.encodings reads it)
+    document = json.loads((raw / "model.encodings").read_text())  # kept as AIMET wrote it (harness.quantization reads it)
     (out / "quantization_overrides.json").write_text(json.dumps(document, indent=1))
     for p in raw.iterdir():
         p.unlink()

@@ -16,28 +16,19 @@ sharing the host's cores) and host contention are labelled notes, not verdicts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
-from harness import charts
+from harness.reporting import charts
 from harness.data import Feed
 from harness.kpi import Limit
 from harness.models import Thresholds
-from harness.runner.client import DeviceRunner, remote_model_path
-from harness.soak import contention_note, host_contention
+from harness.options import ConcurrencyOptions
+from harness.runner.base import remote_model_path
+from harness.runner.client import DeviceRunner
+from harness.soak import contention_notes, host_contention
 from harness.steps.report import StepReport
 
 DEGRADATION_PER_SESSION = 1.5  # default limit: 1.5 x the session count (sessions sharing one HTP take turns)
-
-
-@dataclass(frozen=True)
-class ConcurrencyOptions:
-    """How many sessions, for how long, and how long each model runs alone first."""
-
-    sessions: int
-    duration_s: float
-    solo_duration_s: float
-    mode: str = "threads"
 
 
 def concurrency(plans: list[tuple[str, Path, list[Feed]]], runner: DeviceRunner, thresholds: Thresholds,
@@ -83,9 +74,7 @@ def concurrency(plans: list[tuple[str, Path, list[Feed]]], runner: DeviceRunner,
         contention = host_contention(run.report.get("host") or {})
         report.kpis.update(emulated=result.get("emulated"), simulator_latency_degradation=max(sim) if sim else None,
                            host_contention=contention)
-        note = contention_note(contention)
-        if note:
-            report.notes.append(note)
+        report.notes.extend(contention_notes(contention))
     report.tables["sessions"] = rows
     limit = thresholds.max_latency_degradation or DEGRADATION_PER_SESSION * options.sessions
     # errors: a count that must be 0, never marginal

@@ -25,7 +25,8 @@ from harness.emulator.device_time import record_graph_cost
 from harness.errors import RunnerError, StepError
 from harness.files import sha256_file
 from harness.kpi import Limit
-from harness.runner.client import CONTEXT_SIDECAR, ContextTarget, DeviceRunner, HtpRefusedError, RunResult
+from harness.runner.base import CONTEXT_SIDECAR, RunResult
+from harness.runner.client import ContextTarget, DeviceRunner, HtpRefusedError
 from harness.steps.feasibility import map_placement
 from harness.steps.report import StepReport
 

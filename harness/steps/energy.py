@@ -16,18 +16,18 @@ limit fails only when the whole interval is beyond it, and is inconclusive when 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from harness import charts
+from harness.reporting import charts
 from harness.data import Feed
 from harness.kpi import INTERVALS_KEY, Interval, Limit
 from harness.models import Thresholds
+from harness.options import EnergyOptions
 from harness.repeats import summary
 from harness.runner.client import DeviceRunner, SoakSpec
-from harness.soak import contention_note, host_contention, mean_power_w, soak_run
+from harness.soak import contention_notes, host_contention, mean_power_w, soak_run
 from harness.steps.context_binary import ContextBinary
 from harness.steps.report import StepReport
 
@@ -35,16 +35,6 @@ CHARGER_STATUSES = ("charging", "full", "not charging")
 MIN_RUN_SAMPLES = 5
 ENERGY_BLOCKS = 5  # blocks of the run's power readings whose spread gives the energy figure's interval
 TAIL_S = 1.0  # sampling after the run, so energy reported late by the power readings is counted
-
-
-@dataclass(frozen=True)
-class EnergyOptions:
-    """How many inferences, how long to measure idle first, how often to sample power."""
-
-    inferences: int
-    idle_s: float
-    interval_s: float
-    inferences_reason: str = ""
 
 
 def warm_inference_s(runner: DeviceRunner, model: Path, feed: Feed, iterations: int = 5) -> float:
@@ -104,9 +94,7 @@ def energy(ctx: ContextBinary, feeds: list[Feed], runner: DeviceRunner, threshol
         report.kpis.update(emulated_latency=run.report.get("emulated"), simulator_inferences=len(soak.iteration_s),
                            simulator_duration_s=run.report["soak"].get("simulator_duration_s"),
                            host_contention=contention)
-        note = contention_note(contention)
-        if note:
-            report.notes.append(note)
+        report.notes.extend(contention_notes(contention))
     if thresholds.max_energy_per_inference_mj is not None:
         report.limits.append(Limit("energy_per_inference_mj", maximum=thresholds.max_energy_per_inference_mj,
                                    required=False, detail=f"{source} power" if not unusable else unusable[:80]))

@@ -127,7 +127,7 @@ def float_activations(float_model: Path, feeds: list[Feed], cache: ArtifactCache
     with onnxruntime's qdq_loss_debug."""
     from onnxruntime.quantization.qdq_loss_debug import collect_activations, modify_model_output_intermediate_tensors
 
-    from harness.calibration import FeedReader
+    from harness.quantization.calibration import FeedReader
 
     def build(out: Path) -> None:
         source = out / "float.onnx"  # the tool writes a shape-inferred copy beside its input

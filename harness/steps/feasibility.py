@@ -11,13 +11,15 @@ import numpy as np
 import onnx
 
 from harness.devices import SocSpec
+from harness.errors import DeviceLostError, DeviceTimeoutError, RunnerError
 from harness.kpi import Limit
 from harness.models import Thresholds
-from harness.errors import DeviceLostError, DeviceTimeoutError, RunnerError
 from harness.placement import QDQ_OPS, group_nodes, refused_nodes
-from harness.qnn_ops import (CONTROL_FLOW_OPS, QNN_EP_OPS_SOURCE, REMOVED_BEFORE_PLACEMENT, GraphNode,
-                             outside_qnn_ep, walk_nodes)
-from harness.runner.client import DeviceRunner, HtpRefusedError, NodePlacement
+from harness.qnn_ops import (CONTROL_FLOW_OPS, QNN_EP_OPS_SOURCE, REMOVED_BEFORE_PLACEMENT, GraphNode, outside_qnn_ep,
+                             walk_nodes)
+from harness.quantization.prequantized import InexactQuantization
+from harness.runner.base import NodePlacement
+from harness.runner.client import DeviceRunner, HtpRefusedError
 from harness.steps.report import StepReport
 
 _TOKEN_SUFFIX = re.compile(r"^(?P<base>.+?)(_token_\d+)+$")
@@ -78,7 +80,8 @@ def map_placement(model: onnx.ModelProto, placement: list[NodePlacement]) -> lis
 
 
 FIRST_FP16_HTP_ARCH = 69  # HTP v68 has no FP16: float graphs cannot be placed on it as they are
-FORM_LABELS = {"float": "float graph (FP16 on the HTP)", "quantized": "8-bit QDQ form that PTQ produces"}
+FORM_LABELS = {"float": "float graph (FP16 on the HTP)", "quantized": "8-bit QDQ form that PTQ produces",
+               "own": "model's own QDQ form, as given"}
 
 
 def needs_quantized_placement(soc: SocSpec) -> bool:
@@ -91,6 +94,7 @@ class FormPlacement:
     """The placement of one form of the model (float or quantized) on the device's HTP."""
 
     form: str  # 'float' | 'quantized'
+    label: str = ""  # what was placed, for messages (FORM_LABELS[form] unless set)
     rows: list[dict] = field(default_factory=list)  # per node of the float graph (+ refused Q/DQ nodes)
     session_error: str | None = None  # onnxruntime refused to build a session even with fallback allowed
     outside: list[GraphNode] = field(default_factory=list)  # then: nodes whose op type the QNN EP lacks
@@ -172,7 +176,7 @@ def _add_quantized_nodes(placement: FormPlacement, qdq_path: Path, placed: list[
 
 
 def check_feasibility(model_path: Path, soc: SocSpec, runner: DeviceRunner, thresholds: Thresholds,
-                      quantized_model: Path | None = None) -> StepReport:
+                      quantized_model: Path | None = None, own_quantization: bool = False) -> StepReport:
     """Return the feasibility report of the model that ships on the device's HTP.
 
     model_path is the (converted) float model; quantized_model its 8-bit QDQ form as PTQ builds it.
@@ -181,6 +185,7 @@ def check_feasibility(model_path: Path, soc: SocSpec, runner: DeviceRunner, thre
     the QDQ form always. The step fails naming every node and op type the quantized form (the one
     that ships; the float graph when no QDQ form could be built) would not run on the HTP, or, when
     onnxruntime builds no session, every op type outside the QNN EP's set, graph and subgraphs.
+    With own_quantization, quantized_model is the model's own QDQ form (it arrived quantized): placed as it is.
     """
     model = onnx.load(str(model_path))
     forms: dict[str, FormPlacement] = {}
@@ -188,6 +193,7 @@ def check_feasibility(model_path: Path, soc: SocSpec, runner: DeviceRunner, thre
         forms["float"] = place_form("float", model_path, model, runner)
     if quantized_model is not None:
         forms["quantized"] = place_form("quantized", quantized_model, model, runner)
+        forms["quantized"].label = FORM_LABELS["own" if own_quantization else "quantized"]
     report = StepReport("feasibility")
     if not forms:
         report.failures.append(f"the {soc.name} HTP (v{soc.htp_arch}) has no FP16 and no 8-bit QDQ form of the "
@@ -233,7 +239,8 @@ def check_feasibility(model_path: Path, soc: SocSpec, runner: DeviceRunner, thre
                      Limit("memory_footprint_bytes", maximum=thresholds.memory_budget_mb * 1024 * 1024)]
     report.tables["op_placement"] = rows
     report.tables["placement_by_form"] = [
-        {"form": p.form, "checked_on": FORM_LABELS[p.form], "nodes_on_htp": p.on_htp, "nodes_placed": p.placed,
+        {"form": p.form, "checked_on": p.label or FORM_LABELS[p.form], "nodes_on_htp": p.on_htp,
+         "nodes_placed": p.placed,
          "htp_fraction": round(p.htp_fraction, 4),
          "unsupported_ops": " ".join(sorted({r["op_type"] for r in p.unsupported})),
          "session_error": p.session_error or ""} for p in forms.values()]
@@ -243,6 +250,17 @@ def check_feasibility(model_path: Path, soc: SocSpec, runner: DeviceRunner, thre
     if act_bytes_int8 > soc.vtcm_bytes:
         report.notes.append(f"largest activation '{act_name}' is {act_bytes_int8 / 2**20:.1f} MiB at 8 bits, "
                             f"more than the {soc.vtcm_mb:g} MiB VTCM: expect tiling and DDR traffic")
+    return report
+
+
+def inexact_quantization(error: InexactQuantization) -> StepReport:
+    """Return the feasibility report of a model quantized in a form the HTP cannot run and no static QDQ model
+    expresses exactly (run-time quantization): failed, naming its nodes and op types."""
+    report = StepReport("feasibility")
+    report.kpis = {"prequantized": True, "quantization_form": "not static QDQ",
+                   "unsupported_ops": sorted({op for _, op in error.nodes}),
+                   "unsupported_nodes": [name for name, _ in error.nodes]}
+    report.failures.append(str(error))
     return report
 
 
@@ -263,7 +281,7 @@ def _explain(report: StepReport, model: onnx.ModelProto, forms: dict[str, FormPl
              soc: SocSpec) -> None:
     """Record the failure naming what would not run, and notes on the other form and boundary Q/DQ."""
     htp = f"the {soc.name} HTP (v{soc.htp_arch})"
-    checked = FORM_LABELS[ships.form]
+    checked = ships.label or FORM_LABELS[ships.form]
     if ships.session_error is not None:
         ops = sorted({n.op_type for n in ships.outside})
         report.failures.append(
@@ -286,8 +304,9 @@ def _explain(report: StepReport, model: onnx.ModelProto, forms: dict[str, FormPl
             "as separate models and choose between them in the application.")
     other = forms.get("float")
     if other is not None and other is not ships and other.unsupported and not ships.unsupported:
+        shipped = "model's own QDQ form" if ships.label == FORM_LABELS["own"] else "8-bit QDQ form"
         report.notes.append(f"the float graph would not run wholly on {htp} in FP16 ({other.describe()}); "
-                            "the 8-bit QDQ form is what ships, and it was checked")
+                            f"the {shipped} is what ships, and it was checked")
     if needs_quantized_placement(soc):
         report.notes.append(f"{htp} has no FP16: op placement was checked on an 8-bit QDQ form of the model")
     quantized = forms.get("quantized")

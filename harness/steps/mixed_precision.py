@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from harness import charts
+from harness.reporting import charts
 from harness.cache import ArtifactCache, content_key
 from harness.data import Dataset, Feed, feeds_digest
 from harness import stats

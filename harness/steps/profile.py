@@ -27,7 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
-from harness import charts
+from harness.reporting import charts
 from harness.data import Feed
 from harness.devices import SocSpec
 from harness.errors import StepError
@@ -37,7 +37,8 @@ from harness.kpi import INTERVALS_KEY, Limit
 from harness.models import Thresholds
 from harness.profiling import QnnProfile, median_execute, op_table, parse_profile_csv
 from harness.repeats import summary
-from harness.runner.client import DeviceRunner, RunResult, latency_source
+from harness.runner.base import RunResult, latency_source
+from harness.runner.client import DeviceRunner
 from harness.steps.context_binary import ContextBinary
 from harness.steps.report import StepReport
 

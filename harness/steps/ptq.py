@@ -9,15 +9,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+import onnx
 
+from harness import stats
 from harness.cache import ArtifactCache, content_key
 from harness.data import Dataset, Feed, feeds_digest
-from harness.encodings import recipe_overrides
 from harness.errors import StepError
-from harness import stats
 from harness.kpi import INTERVALS_KEY, Limit
 from harness.metrics import cosine_from_sums, cosine_similarity, mean_abs_error, sample_sums, sqnr_db, sqnr_from_sums
 from harness.models import Thresholds
+from harness.quantization.overrides import recipe_overrides
+from harness.quantization.prequantized import check_generated, quantized_nodes
 from harness.runner.client import DeviceRunner, HtpRefusedError
 from harness.steps.inference import reference_warning, stacked, task_metric, task_outcomes
 from harness.steps.report import StepReport
@@ -50,7 +52,8 @@ class QuantRecipe:
 
 
 def quantize(model: Path, calibration: list[Feed], recipe: QuantRecipe, cache: ArtifactCache) -> Path:
-    """Return the cached QDQ model quantized from model with recipe and the calibration feeds."""
+    """Return the cached QDQ model quantized from model with recipe and the calibration feeds, checked valid
+    (prequantized.check_generated); raise StepError for a model that is quantized already (never twice)."""
     overrides = recipe_overrides(model, recipe.encodings, recipe.encodings_file, recipe.tensor_overrides,
                                  recipe.activation_type)
     key = content_key("qdq-v1", model, feeds_digest(calibration), asdict(recipe))
@@ -59,7 +62,7 @@ def quantize(model: Path, calibration: list[Feed], recipe: QuantRecipe, cache: A
         from onnxruntime.quantization import CalibrationMethod, QuantType
         from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
-        from harness.calibration import FeedReader
+        from harness.quantization.calibration import FeedReader
 
         try:
             config = get_qnn_qdq_config(
@@ -72,7 +75,11 @@ def quantize(model: Path, calibration: list[Feed], recipe: QuantRecipe, cache: A
                 _quantize_static(model, out / "model.onnx", config, calibration, cache)
         except Exception as e:
             raise StepError(f"quantizing {model.name} with {recipe.name} failed: {type(e).__name__}: {e}") from None
+        check_generated(out / "model.onnx", f"{model.name} quantized with {recipe.name}")
 
+    if quantized := quantized_nodes(onnx.load(str(model), load_external_data=False)):
+        raise StepError(f"{model} is quantized already ({len(quantized)} node(s) such as {quantized[0].name} "
+                        f"({quantized[0].op_type})): the harness quantizes nothing twice; its own encodings are used")
     return cache.entry("qdq", key, build).path / "model.onnx"
 
 

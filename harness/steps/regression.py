@@ -37,7 +37,7 @@ from harness.steps.table import WALL, KpiRule, rules
 if TYPE_CHECKING:
     from harness.cache import ArtifactCache
     from harness.latency_ab import Bench
-    from harness.records import StepRecord
+    from harness.reporting.records import StepRecord
     from harness.target import Target
 
 def _get(kpis: dict[str, Any] | None, dotted: str) -> Any:
@@ -181,7 +181,6 @@ def compare(baseline: Snapshot, current: Snapshot, thresholds: Thresholds,
     baseline_where for a baseline KPI of the wrong type."""
     verdicts: list[KpiVerdict] = []
     for rule in rules():
-        setting = getattr(thresholds, rule.setting)
         if rule.kind == "blocks":
             judged = any(v.kpi == "device_latency_ms" and v.verdict not in ("new", "missing") for v in verdicts)
             verdict = _blocks(baseline, current, rule, baseline_where, thresholds, bench, judged)
@@ -189,7 +188,7 @@ def compare(baseline: Snapshot, current: Snapshot, thresholds: Thresholds,
             base = _kpi_value(baseline, rule.step, rule.kpi, baseline_where)
             cur = _kpi_value(current, rule.step, rule.kpi, "this run")
             compare_kind = compare_higher if rule.kind == "higher" else compare_lower
-            verdict = compare_kind(rule.step, rule.kpi, base, cur, setting, rule.unit)
+            verdict = compare_kind(rule.step, rule.kpi, base, cur, getattr(thresholds, rule.setting), rule.unit)
         if verdict is not None:
             verdicts.append(verdict)
     for step in [*current.steps, *(s for s in baseline.steps if s not in current.steps)]:

@@ -20,7 +20,8 @@ from harness.devices import SocSpec
 from harness.errors import StepError
 from harness.kpi import Limit
 from harness.metrics import cosine_similarity, max_abs_diff
-from harness.runner.client import CONTEXT_SIDECAR, DeviceRunner, check_context_target
+from harness.runner.base import CONTEXT_SIDECAR
+from harness.runner.client import DeviceRunner, check_context_target
 from harness.steps.context_binary import ContextBinary, host_htp_session
 from harness.steps.inference import stacked
 from harness.steps.report import StepReport

@@ -1,6 +1,6 @@
 """Step 7, sustained performance and thermal stability: a soak of the deployable context binary.
 
-First a cooldown (harness.cooldown), so an earlier step's heat does not skew the run; then one runner
+First a cooldown (harness.farm.cooldown), so an earlier step's heat does not skew the run; then one runner
 process runs the context binary for the soak duration, timing every iteration, with latency per window
 and the device's thermal zones, battery and (on Android) thermal status sampled on the runner's clock
 (harness.soak). KPIs after 3DMark's stress test and MLPerf Mobile: stability_pct (worst window's
@@ -15,35 +15,30 @@ load cannot move them; the HTP simulator's wall time is reported beside them as 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
-from harness import charts
-from harness.cooldown import cool_down
 from harness.data import Feed
+from harness.farm.cooldown import cool_down
 from harness.kpi import Limit
 from harness.models import Thresholds
+from harness.options import SoakOptions
+from harness.reporting import charts
 from harness.runner.client import DeviceRunner, SoakSpec
-from harness.soak import contention_note, host_contention, soak_run, stability_kpis, thermal_kpis
+from harness.soak import (
+    contention_notes,
+    host_contention,
+    soak_run,
+    stability_kpis,
+    thermal_kpis,
+)
 from harness.steps.context_binary import ContextBinary
 from harness.steps.profile import latency_stats
 from harness.steps.report import StepReport
 
-WINDOW_S = 5.0
 SOAK_FEEDS = 4  # inputs cycled through by the soak
 
 
 MIN_ITERATIONS_PER_WINDOW = 4  # a slow model's windows are widened to hold about this many inferences
-
-
-@dataclass(frozen=True)
-class SoakOptions:
-    """How long to soak and cool down, and how often to sample the device."""
-
-    duration_s: float
-    cooldown_max_s: float
-    window_s: float = WINDOW_S
-    telemetry_interval_s: float = 0.5
 
 
 def window_for(options: SoakOptions, inference_s: float | None) -> tuple[float, str | None]:
@@ -88,9 +83,7 @@ def sustained(ctx: ContextBinary, feeds: list[Feed], runner: DeviceRunner, thres
                            simulator_latency_ms=latency_stats(soak.iteration_s).as_dict() if soak.iteration_s else None,
                            simulator_iterations=len(soak.iteration_s), host_contention=contention)
         report.tables["simulator_windows"] = [w.__dict__ for w in soak.simulator_windows]
-        note = contention_note(contention)
-        if note:
-            report.notes.append(note)
+        report.notes.extend(contention_notes(contention))
     report.limits = [
         Limit("stability_pct", minimum=thresholds.min_stability_pct),
         Limit("max_temp_c", maximum=thresholds.max_temp_c, required=False,

@@ -31,13 +31,14 @@ from harness.data import Dataset, Feed, feeds_digest
 from harness.errors import HarnessError, StepError
 from harness.kpi import Limit, check_all
 from harness.models import Thresholds
+from harness.options import SWEEP_MODES
+from harness.runner.base import push_feeds, push_model
 from harness.runner.client import DeviceRunner, HtpRefusedError
 from harness.runner.device_runner import RUNNER_VERSION
 from harness.steps.inference import task_metric
 from harness.steps.ptq import QuantRecipe, compare_quantized, judge, quantize
 from harness.steps.report import StepReport
 
-SWEEP_MODES = ("off", "quick", "full")
 CALIBRATION_METHODS = ("MinMax", "Entropy", "Percentile")
 EIGHT_BIT = ("QUInt8", "QInt8")
 # onnxruntime's quantize_static runs entropy calibration with 128 histogram bins for 128 quantized
@@ -46,16 +47,6 @@ EIGHT_BIT = ("QUInt8", "QInt8")
 # (as TensorRT's entropy calibration does), passed to the quantizer as rmin/rmax overrides.
 ENTROPY_NUM_BINS = 2048
 ENTROPY_QUANTIZED_BINS = 128
-
-
-@dataclass(frozen=True)
-class AccuracyOptions:
-    """What the accuracy-recovery steps are asked to do (from the command line)."""
-
-    sweep: str = "quick"
-    encodings: dict = field(default_factory=dict)  # a parsed --quantization-overrides document
-    encodings_file: str = ""
-    error_isolation_samples: int = 4
 
 
 @dataclass
@@ -185,7 +176,7 @@ def _candidate_kpis(model: Path, recipe: QuantRecipe, dataset: Dataset, referenc
 
     def build(out: Path) -> None:
         with push_lock or contextlib.nullcontext():
-            runner.push_model(model)
+            push_model(runner.transport, model)
         with device_lock or contextlib.nullcontext():
             try:
                 run = runner.run(model, dataset.evaluation, "htp")
@@ -208,7 +199,7 @@ def entropy_ranges(model: Path, calibration: list[Feed], cache: ArtifactCache,
     def build(out: Path) -> None:
         from onnxruntime.quantization.calibrate import CalibrationMethod, create_calibrator
 
-        from harness.calibration import FeedReader
+        from harness.quantization.calibration import FeedReader
 
         with _private_copy(model, cache) as own:
             try:
@@ -280,7 +271,7 @@ def evaluate_all(recipes: list[QuantRecipe], model: Path, dataset: Dataset, refe
     """
     runner.deploy()
     with tempfile.TemporaryDirectory(prefix="harness-sweep-") as tmp:
-        runner.push_feeds(dataset.evaluation, Path(tmp))  # staged once, before the threads share it
+        push_feeds(runner.transport, dataset.evaluation, Path(tmp))  # staged once, before the threads share it
     push_lock = threading.Lock()
     first = evaluate_recipe(recipes[0], model, dataset, reference, runner, thresholds, cache, None, push_lock)
     device_lock = None if first.kpis.get("latency_source") == "simulator" else threading.Lock()

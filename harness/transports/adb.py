@@ -12,7 +12,7 @@
 * The work directory is under /data/local/tmp/. The runner is the harness's own Python runner
   where the entry names a ``python:`` on the device, else Qualcomm's ``qnn-net-run`` from the
   user's QAIRT SDK (``qairt_sdk:`` or ``$QNN_SDK_ROOT``), pushed with its HTP libraries and run on
-  a context binary (see QnnNetRun).
+  a context binary (see harness.runner.qnn_net_run).
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import stat
 import struct
 import subprocess
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import adbutils
@@ -36,7 +35,6 @@ from adbutils.errors import AdbError
 
 from harness.errors import ConfigError, DeviceTimeoutError, TransientTransportError, TransportError
 from harness.files import replacing
-from harness.transports.base import PushResult
 from harness.transports.shell import (CommandInterrupted, ShellStream, ShellTransport, kill_line, split_pid,
                                       with_pid_marker)
 
@@ -78,7 +76,7 @@ class AdbTransport(ShellTransport):
     def python(self) -> list[str]:
         if self.device.python is None:
             raise ConfigError(f"device '{self.device_id}' has no `python:`: it runs qnn-net-run from the QAIRT SDK "
-                              f"at {self.qairt_sdk} on context binaries (see harness.transports.adb.QnnNetRun)")
+                              f"at {self.qairt_sdk} on context binaries (see harness.runner.qnn_net_run)")
         return shlex.split(self.device.python)
 
     @property
@@ -494,83 +492,7 @@ def _is_network_serial(serial: str) -> bool:
     return bool(sep and host and port.isdigit())
 
 
-# --------------------------------------------------------------------------- qnn-net-run
-
-
 def resolve_qairt_sdk(configured: str | None) -> Path | None:
     """Return the QAIRT SDK root from the device entry's qairt_sdk or $QNN_SDK_ROOT, or None."""
     value = configured or os.environ.get("QNN_SDK_ROOT")
     return Path(value).expanduser() if value else None
-
-
-@dataclass(frozen=True)
-class QnnNetRunFiles:
-    """The SDK files qnn-net-run needs on an Android device, as (local path, path under the work dir)."""
-
-    sdk_root: Path
-    htp_arch: int
-    files: tuple[tuple[Path, str], ...]
-
-
-QNN_REMOTE_DIR = "qnn"
-ANDROID_DSP_DIRS = ("/vendor/dsp/cdsp", "/vendor/lib/rfsa/adsp", "/system/lib/rfsa/adsp", "/dsp")
-
-
-def qnn_net_run_files(sdk_root: Path, htp_arch: int) -> QnnNetRunFiles:
-    """Return the qnn-net-run binary and HTP libraries of the SDK for htp_arch (e.g. 75).
-
-    Raises ConfigError naming every missing file.
-    """
-    arch = f"V{htp_arch}"
-    wanted = [
-        sdk_root / "bin" / "aarch64-android" / "qnn-net-run",
-        sdk_root / "lib" / "aarch64-android" / "libQnnHtp.so",
-        sdk_root / "lib" / "aarch64-android" / f"libQnnHtp{arch}Stub.so",
-        sdk_root / "lib" / f"hexagon-v{htp_arch}" / "unsigned" / f"libQnnHtp{arch}Skel.so",
-    ]
-    missing = [str(p) for p in wanted if not p.is_file()]
-    if missing:
-        raise ConfigError(f"the QAIRT SDK at {sdk_root} lacks what qnn-net-run needs on an HTP v{htp_arch} phone: "
-                          + ", ".join(missing) + " (check qairt_sdk / QNN_SDK_ROOT and the SoC's htp_arch)")
-    optional = sdk_root / "lib" / "aarch64-android" / "libQnnSystem.so"  # reads context binary metadata
-    if optional.is_file():
-        wanted.append(optional)
-    return QnnNetRunFiles(sdk_root, htp_arch, tuple((p, f"{QNN_REMOTE_DIR}/{p.name}") for p in wanted))
-
-
-def qnn_net_run_argv(workdir: str, context_binary: str, input_list: str, output_dir: str,
-                     profiling_level: str = "off") -> list[str]:
-    """Return the argv that runs qnn-net-run on a context binary (paths relative to the cwd of the run)."""
-    qnn_dir = posixpath.join(workdir, QNN_REMOTE_DIR)
-    argv = ["env", f"LD_LIBRARY_PATH={qnn_dir}", "ADSP_LIBRARY_PATH=" + ";".join([qnn_dir, *ANDROID_DSP_DIRS]),
-            posixpath.join(qnn_dir, "qnn-net-run"), "--backend", posixpath.join(qnn_dir, "libQnnHtp.so"),
-            "--retrieve_context", context_binary, "--input_list", input_list, "--output_dir", output_dir]
-    if profiling_level != "off":
-        argv += ["--profiling_level", profiling_level]
-    return argv
-
-
-class QnnNetRun:
-    """Qualcomm's qnn-net-run on an adb device: deploy the SDK files once, then run context binaries.
-
-    The output layout is the harness runner's (OUTPUT_DIR/Result_<N>/<output>.raw, float32).
-    DeviceRunner.run uses it when runner_kind is 'qnn-net-run' (see harness.runner.qnn_net_run).
-    """
-
-    def __init__(self, transport: AdbTransport) -> None:
-        if transport.qairt_sdk is None:
-            raise ConfigError(f"device '{transport.device_id}': no QAIRT SDK (set qairt_sdk: or QNN_SDK_ROOT)")
-        self.transport = transport
-        self.files = qnn_net_run_files(transport.qairt_sdk, transport.soc.htp_arch)
-
-    def deploy(self) -> PushResult:
-        """Push qnn-net-run and the HTP libraries (skipping those already there); return the totals."""
-        sent = skipped = nbytes = 0
-        for local, remote in self.files.files:
-            r = self.transport.push(local, remote)
-            sent, skipped, nbytes = sent + r.files_sent, skipped + r.files_skipped, nbytes + r.bytes_sent
-        return PushResult(sent, skipped, nbytes)
-
-    def argv(self, context_binary: str, input_list: str, output_dir: str, profiling_level: str = "off") -> list[str]:
-        """Return the command line for one run (remote paths relative to the run's cwd)."""
-        return qnn_net_run_argv(self.transport.workdir, context_binary, input_list, output_dir, profiling_level)

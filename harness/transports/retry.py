@@ -28,14 +28,6 @@ class Backoff:
         """Return the waits before the 2nd, 3rd, ... try (attempts - 1 values)."""
         return [min(self.max_s, self.initial_s * self.factor ** k) for k in range(max(0, self.attempts - 1))]
 
-    @property
-    def total_wait_s(self) -> float:
-        """Return the longest time spent waiting between tries."""
-        return sum(self.delays_s())
-
-
-NO_RETRY = Backoff(attempts=1)
-
 
 def retry_call(fn: Callable[[], T], *, backoff: Backoff, retry_on: tuple[type[BaseException], ...],
                on_retry: Callable[[int, BaseException], None] | None = None,

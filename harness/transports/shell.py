@@ -381,8 +381,7 @@ SESSIONS_DIR = ".sessions"
 
 def _stale_marker(name: str) -> bool:
     """Return whether a session marker `<host>-<pid>-<random>` belongs to a dead process of this host."""
-    host, _, rest = name.rpartition("-")[0].rpartition("-")
-    pid_text = rest
+    host, _, pid_text = name.rpartition("-")[0].rpartition("-")
     if host != socket.gethostname() or not pid_text.isdigit():
         return False
     try:

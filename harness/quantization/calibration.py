@@ -8,17 +8,10 @@ from harness.data import Feed
 
 
 class FeedReader(CalibrationDataReader):
-    """A CalibrationDataReader over a list of feeds, rewindable."""
+    """A CalibrationDataReader over a list of feeds."""
 
     def __init__(self, feeds: list[Feed]) -> None:
-        self._feeds = feeds
-        self._index = 0
+        self._feeds = iter(feeds)
 
     def get_next(self) -> Feed | None:
-        if self._index >= len(self._feeds):
-            return None
-        self._index += 1
-        return self._feeds[self._index - 1]
-
-    def rewind(self) -> None:
-        self._index = 0
+        return next(self._feeds, None)

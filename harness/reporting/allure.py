@@ -13,10 +13,10 @@ from typing import Any
 
 import allure
 
-from harness.allure_names import (DEVICE, INCONCLUSIVE, MARGINAL, MODEL, SOC, kpi_attachment, soc_parameter,
-                                  status_message, step_name)
 from harness.kpi import INTERVALS_KEY, interval_of, kpi_value
-from harness.json_values import json_safe
+from harness.reporting.names import (DEVICE, INCONCLUSIVE, MARGINAL, MODEL, SOC, kpi_attachment, soc_parameter,
+                                     status_message, step_name)
+from harness.reporting.records import StepRecord
 from harness.steps.report import StepReport
 
 
@@ -39,44 +39,32 @@ def label_target(device: str, soc: str, soc_name: str, model: str) -> None:
     allure.dynamic.tag(soc)
 
 
-def attach_report(report: StepReport) -> None:
-    """Record a step report in Allure: an Allure step per verdict, KPIs as JSON, tables as CSV."""
-    with allure.step(step_name(report.step)):
-        allure.attach(json.dumps(json_safe(report.kpis), indent=2), name=kpi_attachment(report.step),
-                      attachment_type=allure.attachment_type.JSON)
-        for name, rows in report.tables.items():
-            allure.attach(table_csv(rows), name=f"{report.step} {name}", attachment_type=allure.attachment_type.CSV)
-        attach_artifacts(report)
-        for verdict in report.verdicts:
-            with allure.step(str(verdict)):
-                pass
-        for kpi in report.kpis.get(INTERVALS_KEY) or {}:  # what each KPI measured on samples rests on
-            interval = interval_of(report.kpis, kpi)
-            if interval is not None:
-                with allure.step(f"interval: {kpi} = {kpi_value(report.kpis, kpi)} {interval}"):
-                    pass
-        for failure in report.failures:
-            with allure.step(f"FAIL: {failure}"):
-                pass
-        for reason in report.inconclusive:
-            with allure.step(status_message(INCONCLUSIVE, reason)):
-                pass
-        for note in report.notes:
-            with allure.step(f"note: {note}"):
-                pass
-
-
 _ATTACHABLE = {".png": allure.attachment_type.PNG, ".csv": allure.attachment_type.CSV,
                ".json": allure.attachment_type.JSON, ".html": allure.attachment_type.HTML}
 
 
-def attach_artifacts(report: StepReport) -> None:
-    """Attach a report's PNG, CSV and JSON artifacts (charts, raw profiles, exported encodings, the
-    context binary's record) to the current Allure test; models stay in the cache."""
-    for name, path in report.artifacts.items():
-        kind = _ATTACHABLE.get(path.suffix.lower())
-        if kind is not None and path.is_file():
-            allure.attach.file(str(path), name=f"{report.step} {name}", attachment_type=kind)
+def attach_report(report: StepReport, record: StepRecord) -> None:
+    """Record a step report in Allure: the record's KPIs as JSON, tables as CSV, the PNG, CSV and JSON artifacts
+    (charts, raw profiles, exported encodings; models stay in the cache), an Allure step per verdict, interval
+    (what each KPI measured on samples rests on), failure, inconclusive reason and note."""
+    with allure.step(step_name(report.step)):
+        allure.attach(json.dumps(record.to_json()["kpis"], indent=2), name=kpi_attachment(report.step),
+                      attachment_type=allure.attachment_type.JSON)
+        for name, rows in report.tables.items():
+            allure.attach(table_csv(rows), name=f"{report.step} {name}", attachment_type=allure.attachment_type.CSV)
+        for name, path in report.artifacts.items():
+            kind = _ATTACHABLE.get(path.suffix.lower())
+            if kind is not None and path.is_file():
+                allure.attach.file(str(path), name=f"{report.step} {name}", attachment_type=kind)
+        kpis = report.kpis
+        for title in [*map(str, report.verdicts),
+                      *(f"interval: {k} = {kpi_value(kpis, k)} {interval_of(kpis, k)}"
+                        for k in kpis.get(INTERVALS_KEY) or {} if interval_of(kpis, k) is not None),
+                      *(f"FAIL: {failure}" for failure in report.failures),
+                      *(status_message(INCONCLUSIVE, reason) for reason in report.inconclusive),
+                      *(f"note: {note}" for note in report.notes)]:
+            with allure.step(title):
+                pass
 
 
 def flag_allure_result(config, outcome: str, message: str, marginal: list[str]) -> None:  # type: ignore[no-untyped-def]

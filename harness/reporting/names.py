@@ -1,6 +1,6 @@
-"""The Allure naming contract: the names harness.reporting writes into Allure results and harness.allure_report
-and harness.signoff read back (test parameters, the step holding a report, its KPI attachment, status messages,
-environment.properties keys)."""
+"""The Allure naming contract: the names harness.reporting.allure writes into Allure results and
+harness.reporting.report_cli and harness.signoff read back (test parameters, the step holding a report, its KPI
+attachment, status messages, environment.properties keys)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from typing import Iterable
 from harness.kpi import INTERVALS_KEY, interval_of, kpi_value
 from harness.reasons import details
 from harness.reasons import headline as reason_headline
-from harness.records import StepRecord
+from harness.reporting.records import StepRecord
 from harness.steps.table import find
 from harness.steps.table import num as _num
 

@@ -34,12 +34,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping
 
-from harness.allure_names import DEVICE, ENVIRONMENT_NAMES, INCONCLUSIVE, MARGINAL, SOC
+from harness.reporting.names import DEVICE, ENVIRONMENT_NAMES, INCONCLUSIVE, MARGINAL, SOC
 from harness.errors import HarnessError
 from harness.files import write_text_atomically
 from harness.versions import tool_versions
 
-REPO_CLI = Path(__file__).resolve().parent.parent / "tools" / "allure" / "node_modules" / ".bin" / "allure"
+REPO_CLI = Path(__file__).resolve().parents[2] / "tools" / "allure" / "node_modules" / ".bin" / "allure"
 GENERATE_TIMEOUT_S = 300
 HISTORY_FILE = "history.jsonl"
 DEFAULT_NAME = "Snapdragon onboarding report"
