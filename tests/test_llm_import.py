@@ -295,6 +295,29 @@ def test_the_bandwidth_ceiling_counts_weights_once_and_an_embedding_table_at_one
     assert round(76.8e9 / (1.24e9 * 0.5)) == 124  # the issue's figure for Llama 3.2 1B at 4 bits: the same arithmetic
 
 
+def test_the_memory_estimate_holds_the_footprint_to_the_socs_budget_and_finds_the_largest_context():
+    from harness.devices import load_devices_file
+    from harness.llm.memory import memory_kpis
+
+    soc = load_devices_file(None).soc("sm8650")
+    # SmolLM2-135M's pair at w8a16: 30 layers, 3 KV heads of 64, context 128 (2 bytes per KV element)
+    pair = convention.PairInfo(30, 3, 64, 128, 32, 49152, (), ())
+    weights, kv, act = 192_000_000, 2 * 30 * 3 * 64 * 128 * 2, 3_145_728
+    kpis = memory_kpis(pair, weights, kv, act, soc, trained_context=8192)
+    budget = 4096 * 2**20
+    assert kpis["memory_footprint_bytes"] == weights + kv + act and kpis["soc_memory_budget_bytes"] == budget
+    assert kpis["memory_of_soc_budget"] == round((weights + kv + act) / budget, 6)
+    largest = kpis["max_context_length_in_budget"]  # the KV cache and the activation grow with the context
+    assert weights + (kv + act) * largest / 128 <= budget < weights + (kv + act) * (largest + 1) / 128
+    assert kpis["trained_context_length"] == 8192 and kpis["memory_basis"].startswith("estimate: ")
+    assert "sm8650's 4096 MiB" in kpis["memory_basis"]
+    small = soc.model_copy(update={"llm_memory_mb": 150.0})  # less than the weights: no context fits
+    over = memory_kpis(pair, weights, kv, act, small)
+    assert over["memory_of_soc_budget"] > 1 and over["max_context_length_in_budget"] == 0
+    bare = memory_kpis(pair, weights, kv, act, soc.model_copy(update={"llm_memory_mb": None}))
+    assert "soc_memory_budget_bytes" not in bare and bare["memory_basis"].startswith("not estimated")
+
+
 @pytest.mark.real_models
 @pytest.mark.slow
 # about 60 minutes on 2 shared cores (the HTP simulator runs this 135M-parameter model at ~20 s per call: accuracy

@@ -27,7 +27,7 @@ from harness.llm.llama import LlamaGraphs
 from harness.models import LlmFiles
 
 __all__ = ["DEFAULT_PROMPTS", "IMPORT_FILE", "checkpoint_digest", "chat_prompt", "import_files", "read_checkpoint",
-           "write_import"]
+           "trained_context", "write_import"]
 
 IMPORT_VERSION = 2  # bump when the graphs or files an import writes change
 IMPORT_FILE = "import.json"
@@ -127,3 +127,11 @@ def import_files(files: LlmFiles, cache: ArtifactCache) -> LlmFiles:
                    tokenizer=entry / "tokenizer.json", eval_text=files.eval_text or entry / "eval.txt",
                    calib_text=files.calib_text or entry / "calib.txt",
                    prompts=tuple(json.loads((entry / "prompts.json").read_text())), stop_token=stop)
+
+
+def trained_context(files: LlmFiles) -> int | None:
+    """Return the context an imported checkpoint was trained for (its config's max_positions); None for a pair
+    brought as graphs."""
+    if files.checkpoint is None or files.prefill is None:
+        return None
+    return json.loads((files.prefill.parent / IMPORT_FILE).read_text())["config"].get("max_positions")

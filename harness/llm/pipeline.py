@@ -127,14 +127,16 @@ class LlmOnboarding(PipelineBase):
 
     @memoized
     def llm_feasibility(self) -> StepReport:
-        """LLM Step 1: each graph's quantized placement on the HTP, and the KV cache and weights in the budget."""
+        """LLM Step 1: each graph's quantized placement on the HTP; weights, KV cache and activations in the spec's
+        and the SoC's memory budgets."""
         floats, shipped = self.llm_float_pair(), self.llm_quantized(self.llm_recipe)
         placements = {g: feasibility.check_feasibility(floats.graph(g), self.target.soc, self.runner,
                                                        self.target.model.thresholds, quantized_model=shipped.graph(g))
                       for g in GRAPHS}
         weights = feasibility.weights_bytes(onnx.load(str(shipped.prefill)))
         act_bytes = 2 if calibration.LLM_RECIPES[self.llm_recipe].activation_type == "QUInt16" else 1
-        return steps.llm_feasibility(placements, self.llm_pair(), weights, act_bytes, self.target.model.thresholds)
+        return steps.llm_feasibility(placements, self.llm_pair(), weights, act_bytes, self.target.soc,
+                                     self.target.model.thresholds, importer.trained_context(self.llm_files()))
 
     @memoized
     def llm_accuracy(self) -> StepReport:

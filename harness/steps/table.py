@@ -290,8 +290,13 @@ STEPS: tuple[Step, ...] = (
                             f"nodes, AR-{k.get('prefill_ar', '?')} CL-{k.get('context_length', '?')}"),
     Step("llm_feasibility", "LLM Step 1 outcome (needs conversion: placement is checked on what ships).",
          group="llm", requires=(passed("llm_conversion"),), markers=("llm",),
+         page_kpis=("prefill_htp_fraction", "decode_htp_fraction", "weights_bytes", "kv_cache_bytes",
+                    "activation_bytes", "memory_footprint_bytes",
+                    "memory_of_soc_budget", "max_context_length_in_budget", "trained_context_length", "memory_basis"),
          headline=lambda k: f"HTP share {num(k.get('prefill_htp_fraction'), '.0%')} / "
-                            f"{num(k.get('decode_htp_fraction'), '.0%')}, KV cache {_mib(k, 'kv_cache_bytes')} MiB"),
+                            f"{num(k.get('decode_htp_fraction'), '.0%')}, KV cache {_mib(k, 'kv_cache_bytes')} MiB, "
+                            f"largest context in the SoC's memory {k.get('max_context_length_in_budget', '-')} "
+                            "(estimate)"),
     Step("llm_accuracy", "LLM Step 3 outcome (needs feasibility).", group="llm",
          requires=(passed("llm_feasibility"),), markers=("llm",),
          page_kpis=("recipe", "perplexity_float_host", "perplexity_qdq_host", "perplexity_htp",
