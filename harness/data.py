@@ -5,11 +5,15 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 
 from harness.errors import ConfigError
+
+if TYPE_CHECKING:
+    from harness.evaluation.task import TaskEvaluation
 
 Feed = dict[str, np.ndarray]
 
@@ -43,11 +47,17 @@ class Dataset:
     labels: np.ndarray | None = None
     description: str = ""
     warnings: list[str] = field(default_factory=list)
+    task: "TaskEvaluation | None" = None  # the model spec's evaluation section: labels are its text, per sample
 
     @property
     def labelled(self) -> bool:
         """True when evaluation samples carry ground-truth labels."""
         return self.labels is not None
+
+    def labels_key(self) -> list:
+        """Return what the task KPIs depend on besides the outputs: the labels and the task evaluation (cache keys)."""
+        labels = [] if self.labels is None else np.asarray(self.labels).tolist()
+        return labels if self.task is None else [labels, self.task.identity]
 
 
 def feeds_digest(feeds: list[Feed]) -> str:
@@ -105,35 +115,38 @@ def load_calibration_dir(directory: Path, infos: list[InputInfo]) -> list[Feed]:
     files = sorted(p for p in directory.iterdir() if p.suffix in {".npy", ".npz"})
     if not files:
         raise ConfigError(f"--calib-data {directory}: no .npy or .npz files")
+    return [feed for f in files for feed in load_feeds_file(f, infos)]
+
+
+def load_feeds_file(f: Path, infos: list[InputInfo], what: str = "calibration file") -> list[Feed]:
+    """Return the feeds one .npy (single-input models: one sample or a stack (N, *shape)) or .npz file (keyed by
+    input name) holds; raises ConfigError naming the file (as `what`) and the expected shape."""
     by_name = {i.name: i for i in infos}
-    feeds: list[Feed] = []
-    for f in files:
-        try:
-            data = np.load(f, allow_pickle=False)
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"calibration file {f}: cannot read as numpy data: {e}") from None
-        if f.suffix == ".npy":
-            if len(infos) != 1:
-                raise ConfigError(f"calibration file {f}: the model has {len(infos)} inputs "
-                                  f"({', '.join(by_name)}); use .npz files keyed by input name")
-            arrays = {infos[0].name: data}
-        else:
-            arrays = dict(data)
-            missing = [n for n in by_name if n not in arrays]
-            if missing:
-                raise ConfigError(f"calibration file {f}: no array for input(s) {', '.join(missing)}")
-        stacks = {}
-        for name, info in by_name.items():
-            arr = np.asarray(arrays[name])
-            if arr.shape == info.shape:
-                arr = arr[None]
-            if arr.shape[1:] != info.shape:
-                raise ConfigError(f"calibration file {f}: input '{name}' has shape {list(arr.shape)}, "
-                                  f"expected {list(info.shape)} or (N, {', '.join(map(str, info.shape))})")
-            stacks[name] = arr.astype(info.dtype)
-        count = min(len(s) for s in stacks.values())
-        feeds.extend({n: s[k] for n, s in stacks.items()} for k in range(count))
-    return feeds
+    try:
+        data = np.load(f, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{what} {f}: cannot read as numpy data: {e}") from None
+    if f.suffix == ".npy":
+        if len(infos) != 1:
+            raise ConfigError(f"{what} {f}: the model has {len(infos)} inputs "
+                              f"({', '.join(by_name)}); use .npz files keyed by input name")
+        arrays = {infos[0].name: data}
+    else:
+        arrays = dict(data)
+        missing = [n for n in by_name if n not in arrays]
+        if missing:
+            raise ConfigError(f"{what} {f}: no array for input(s) {', '.join(missing)}")
+    stacks = {}
+    for name, info in by_name.items():
+        arr = np.asarray(arrays[name])
+        if arr.shape == info.shape:
+            arr = arr[None]
+        if arr.shape[1:] != info.shape:
+            raise ConfigError(f"{what} {f}: input '{name}' has shape {list(arr.shape)}, "
+                              f"expected {list(info.shape)} or (N, {', '.join(map(str, info.shape))})")
+        stacks[name] = arr.astype(info.dtype)
+    count = min(len(s) for s in stacks.values())
+    return [{n: s[k] for n, s in stacks.items()} for k in range(count)]
 
 
 DESCRIPTION_FILE = "description.txt"  # optional, in a calibration directory: what its samples are

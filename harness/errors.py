@@ -11,6 +11,11 @@ class ConfigError(HarnessError):
     """A devices file, model spec or command-line option is malformed."""
 
 
+class EvaluationError(ConfigError):
+    """A model's task evaluation cannot be computed: labels that do not match the samples or do not parse, a
+    post-processing that raises, a charset that does not fit the output."""
+
+
 class ModelError(HarnessError):
     """A model file is missing, is not ONNX, or cannot be prepared (e.g. an unfixed dynamic dim)."""
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 
-def _flat(x) -> np.ndarray:
+def as_flat(x) -> np.ndarray:
+    """Return x (a tensor, or a list of tensors such as one per sample) as one flat float64 vector (x itself when it
+    is one already): flatten once, then pass it to several metrics."""
     if isinstance(x, (list, tuple)):
         return np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in x]) if x else np.zeros(0)
     return np.asarray(x, dtype=np.float64).ravel()
@@ -13,7 +15,7 @@ def _flat(x) -> np.ndarray:
 
 def cosine_similarity(reference, test) -> float:
     """Return the cosine similarity of two tensors (or lists of tensors), flattened; 1.0 for two zeros."""
-    a, b = _flat(reference), _flat(test)
+    a, b = as_flat(reference), as_flat(test)
     na, nb = np.linalg.norm(a), np.linalg.norm(b)
     if na == 0 and nb == 0:
         return 1.0
@@ -24,7 +26,7 @@ def cosine_similarity(reference, test) -> float:
 
 def sqnr_db(reference, test) -> float:
     """Return 10·log10(mean(reference²) / mse) in dB; +inf when identical."""
-    a, b = _flat(reference), _flat(test)
+    a, b = as_flat(reference), as_flat(test)
     mse = float(np.mean((a - b) ** 2)) if a.size else 0.0
     signal = float(np.mean(a ** 2)) if a.size else 0.0
     if mse == 0:
@@ -36,13 +38,13 @@ def sqnr_db(reference, test) -> float:
 
 def mean_abs_error(reference, test) -> float:
     """Return the mean absolute difference."""
-    a, b = _flat(reference), _flat(test)
+    a, b = as_flat(reference), as_flat(test)
     return float(np.mean(np.abs(a - b))) if a.size else 0.0
 
 
 def max_abs_diff(reference, test) -> float:
     """Return the largest absolute difference."""
-    a, b = _flat(reference), _flat(test)
+    a, b = as_flat(reference), as_flat(test)
     return float(np.max(np.abs(a - b))) if a.size else 0.0
 
 
@@ -72,7 +74,7 @@ def sample_sums(reference: list[list[np.ndarray]], test: list[list[np.ndarray]])
     is cosine_from_sums / sqnr_from_sums of its rows' total."""
     rows = []
     for ref, out in zip(reference, test):
-        a, b = _flat(list(ref)), _flat(list(out))
+        a, b = as_flat(list(ref)), as_flat(list(out))
         rows.append((float(np.dot(a, b)), float(np.dot(a, a)), float(np.dot(b, b)), float(np.sum((a - b) ** 2))))
     return np.asarray(rows, dtype=np.float64).reshape(-1, 4)
 

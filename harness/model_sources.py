@@ -9,7 +9,8 @@ import numpy as np
 import onnx
 
 from harness.cache import ArtifactCache
-from harness.data import Dataset, input_infos, random_dataset, user_dataset
+from harness.data import DESCRIPTION_FILE, Dataset, InputInfo, input_infos, random_dataset, user_dataset
+from harness.evaluation.datasets import labelled_samples
 from harness.llm.export import export_pair
 from harness.models import LlmFiles, ModelSpec
 from harness.zoo import digits_cnn, digits_imbalanced
@@ -69,6 +70,26 @@ def dataset_for(spec: ModelSpec, fixed_model: Path, cache: ArtifactCache) -> Dat
                        description=f"scikit-learn digits: {len(calib)} calibration images, "
                                    f"{len(evaluation)} held-out labelled evaluation images")
     infos = input_infos(onnx.load(str(fixed_model), load_external_data=False))
+    if spec.evaluation is not None:
+        return _labelled_dataset(spec, infos)
     if spec.calib_data is not None:
         return user_dataset(spec.calib_data, infos)
     return random_dataset(infos, seed_text=spec.name)
+
+
+def _labelled_dataset(spec: ModelSpec, infos: list[InputInfo]) -> Dataset:
+    """Return the spec's labelled evaluation samples with its task evaluation, calibrated on its calib_data (else
+    on the evaluation samples themselves, which the description says)."""
+    evaluation = spec.evaluation
+    feeds, labels, task = labelled_samples(evaluation, infos)
+    what = f"{len(feeds)} labelled samples from {evaluation.data} ({evaluation.metric} after {evaluation.postprocess})"
+    about = evaluation.data / DESCRIPTION_FILE
+    if about.is_file():
+        what += f": {about.read_text().strip()}"
+    if spec.calib_data is not None:
+        calibration = user_dataset(spec.calib_data, infos)
+        return Dataset(calibration.calibration, feeds, np.asarray(labels), task=task,
+                       description=f"calibration: {calibration.description}; evaluation: {what}")
+    return Dataset(feeds, feeds, np.asarray(labels), task=task,
+                   description=f"{what}; calibrated on the same samples (no calib_data)",
+                   warnings=["no calib_data: calibrated on the labelled evaluation samples"])

@@ -13,6 +13,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from harness.errors import ConfigError, ModelError
+from harness.evaluation.spec import DEFAULT_MIN_RATIO, Evaluation, EvaluationSection, resolve_evaluation
+from harness.user_code import spec_relative
 
 if TYPE_CHECKING:
     import onnx
@@ -28,9 +30,14 @@ class Thresholds(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    max_task_metric_drop: float = Field(0.02, ge=0, description="allowed drop of the task metric, PTQ vs float")
-    min_cosine_similarity: float = Field(0.98, ge=-1, le=1, description="quantized vs float outputs")
-    min_sqnr_db: float = Field(15.0, description="quantized vs float outputs")
+    max_task_metric_drop: float | None = Field(0.02, ge=0, description="allowed drop of the task metric, PTQ vs "
+                                                                       "float (None: not judged)")
+    min_task_metric_ratio: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                                description="quantized task metric / float's (MLPerf's form; "
+                                                            "the evaluation section's min_ratio_to_float)")
+    min_cosine_similarity: float | None = Field(0.98, ge=-1, le=1, description="quantized vs float outputs "
+                                                                               "(None: recorded, not judged)")
+    min_sqnr_db: float | None = Field(15.0, description="quantized vs float outputs (None: recorded, not judged)")
     float_atol: float = Field(1e-4, ge=0, description="device float run vs host reference, absolute")
     float_rtol: float = Field(1e-3, ge=0, description="device float run vs host reference, relative")
     memory_budget_mb: float = Field(256.0, gt=0, description="weights plus the largest activation")
@@ -128,6 +135,7 @@ class _SpecFile(BaseModel):
     freeze_inputs: dict[str, float | int | list] = {}
     rewrites: list[str] = []
     calib_data: str | None = None
+    evaluation: EvaluationSection | None = None
     thresholds: Thresholds = Thresholds()
 
 
@@ -167,6 +175,7 @@ class ModelSpec:
     rewrites: tuple[str, ...] = ()
     kind: str = "onnx"  # "onnx": one graph through Steps 1-7; "llm": a prefill/decode pair through the LLM path
     llm: LlmFiles | None = None  # kind "llm" from a spec file (built-in ones are built on first use)
+    evaluation: Evaluation | None = None  # the spec's `evaluation:` section: labelled data and the task metric
 
     @property
     def is_zoo(self) -> bool:
@@ -406,18 +415,40 @@ def _load_spec_file(path: Path, input_shapes: dict[str, tuple[int, ...]], calib_
         raise ModelError(f"model spec {path}: path '{spec.path}' does not exist ({model_path})")
     shapes = {k: tuple(v) for k, v in spec.input_shapes.items()} | input_shapes
     calib = calib_data or ((path.parent / spec.calib_data).resolve() if spec.calib_data else None)
+    evaluation = resolve_evaluation(spec.evaluation, path) if spec.evaluation is not None else None
     return ModelSpec(name=spec.name or _name_from_path(model_path), source=str(model_path), path=model_path,
-                     input_shapes=shapes, calib_data=calib, thresholds=spec.thresholds,
+                     input_shapes=shapes, calib_data=calib, thresholds=task_thresholds(spec.thresholds, spec.evaluation),
+                     evaluation=evaluation,
                      freeze_inputs={**spec.freeze_inputs, **freeze_inputs},
-                     rewrites=tuple(_spec_relative_rewrite(r, path.parent) for r in spec.rewrites))
+                     rewrites=tuple(spec_relative(r, path.parent) for r in spec.rewrites))
+
+
+def task_thresholds(thresholds: Thresholds, section: EvaluationSection | None) -> Thresholds:
+    """Return thresholds judging the task metric of an evaluation section: its min_ratio_to_float (MLPerf's
+    form; 0.98 when it sets neither limit) and max_drop; the output-comparison limits (cosine, SQNR) and the
+    default drop limit then only where the spec's thresholds set them. Without a section, thresholds as given."""
+    if section is None:
+        return thresholds
+    given = thresholds.model_fields_set
+    ratio = section.min_ratio_to_float
+    if ratio is None and section.max_drop is None and "min_task_metric_ratio" not in given:
+        ratio = DEFAULT_MIN_RATIO
+    update = {key: None for key in ("max_task_metric_drop", "min_cosine_similarity", "min_sqnr_db")
+              if key not in given}
+    if section.max_drop is not None:
+        update["max_task_metric_drop"] = section.max_drop
+    if ratio is not None:
+        update["min_task_metric_ratio"] = ratio
+    return thresholds.model_copy(update=update)
 
 
 def _llm_spec(path: Path, spec: _SpecFile, calib_data: Path | None) -> ModelSpec:
     """Return the ModelSpec of a kind-llm spec file, its files resolved against the spec's folder."""
-    if spec.llm is None or spec.path is not None or spec.input_shapes or spec.freeze_inputs or spec.rewrites:
+    if (spec.llm is None or spec.path is not None or spec.input_shapes or spec.freeze_inputs or spec.rewrites
+            or spec.evaluation is not None):
         raise ConfigError(f"model spec {path}: a model of kind llm is described by its `llm:` section "
                           "(prefill, decode, tokenizer, eval_text, calib_text, prompts); `path`, `input_shapes`, "
-                          "`freeze_inputs` and `rewrites` apply to kind onnx only")
+                          "`freeze_inputs`, `rewrites` and `evaluation` apply to kind onnx only")
     llm = spec.llm
 
     def resolve(key: str, value: str | None) -> Path | None:
@@ -445,14 +476,6 @@ def _llm_spec(path: Path, spec: _SpecFile, calib_data: Path | None) -> ModelSpec
                      context_length=llm.context_length, prefill_ar=llm.prefill_ar, eval_windows=llm.eval_windows)
     return ModelSpec(name=spec.name or _name_from_path(checkpoint or files.prefill), source=str(path.resolve()),
                      path=None, calib_data=calib_data, thresholds=spec.thresholds, kind="llm", llm=files)
-
-
-def _spec_relative_rewrite(reference: str, spec_dir: Path) -> str:
-    """Return a 'file.py:fn' rewrite reference with the file resolved against the spec's folder."""
-    target, sep, attr = reference.rpartition(":")
-    if sep and target.endswith(".py") and not Path(target).expanduser().is_absolute():
-        return f"{(spec_dir / target).resolve()}:{attr}"
-    return reference
 
 
 def load_onnx(path: Path) -> "onnx.ModelProto":

@@ -84,8 +84,8 @@ class Onboarding(PipelineBase):
     @memoized
     def dataset(self) -> Dataset:
         """Calibration and evaluation data, the evaluation set sized by the model's HTP cost and the
-        calibration set by its activation memory (harness.sizing); a labelled evaluation set, or one
-        whose cost cannot be measured, is kept whole."""
+        calibration set by its activation memory (harness.sizing); the zoo's labelled evaluation set, or one
+        whose cost cannot be measured, is kept whole (a spec's evaluation section's is sized like any other)."""
         data = self.full_dataset()
         if len(self.calibration()) < len(data.calibration):
             data = replace(data, calibration=self.calibration(),
@@ -94,7 +94,7 @@ class Onboarding(PipelineBase):
                                        f"{self.activation_bytes() / 2**20:.0f} MiB; "
                                        f"onnxruntime's calibration holds them all, budget "
                                        f"{sizing.CALIB_MEMORY_BUDGET_BYTES / 2**30:g} GiB)")
-        if data.labelled or len(data.evaluation) <= sizing.MIN_EVAL_SAMPLES:
+        if (data.labelled and data.task is None) or len(data.evaluation) <= sizing.MIN_EVAL_SAMPLES:
             return data
         cost = self.inference_cost()
         if cost is None:
@@ -363,11 +363,11 @@ class Onboarding(PipelineBase):
 
     @memoized
     def validation_dataset(self) -> Dataset:
-        """The evaluation set of Step 7's validation_accuracy: the whole data set when labelled or when its cost
-        cannot be measured, else as many samples as fit sizing.VALIDATION_BUDGET_S (more than the accuracy
-        steps' EVAL_BUDGET_S per pass: it is one pass)."""
+        """The evaluation set of Step 7's validation_accuracy: the whole data set when it is the zoo's labelled one
+        or when its cost cannot be measured, else as many samples as fit sizing.VALIDATION_BUDGET_S (more than the
+        accuracy steps' EVAL_BUDGET_S per pass: it is one pass)."""
         data = self.full_dataset()
-        cost = None if data.labelled else self.inference_cost()
+        cost = None if data.labelled and data.task is None else self.inference_cost()
         if cost is None or len(data.evaluation) <= sizing.MIN_EVAL_SAMPLES:
             return data
         count = sizing.evaluation_count(cost.inference_s, len(data.evaluation), sizing.VALIDATION_BUDGET_S)

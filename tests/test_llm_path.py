@@ -128,7 +128,7 @@ def test_a_tokenizer_that_does_not_load_and_a_prompt_too_long_are_named(run_suit
 @pytest.mark.parametrize("change, expected", [
     ({"llm": None}, "a model of kind llm is described by its `llm:` section"),
     ({"kind": "rnn"}, "kind 'rnn' is not one of onnx, llm"),
-    ({"path": "prefill.onnx"}, "`path`, `input_shapes`, `freeze_inputs` and `rewrites` apply to kind onnx only"),
+    ({"path": "prefill.onnx"}, "`freeze_inputs`, `rewrites` and `evaluation` apply to kind onnx only"),
 ])
 def test_bad_kind_llm_specs_are_usage_errors_naming_the_file(pytester, user_pair, change, expected):
     spec = _spec(user_pair, "bad")

@@ -7,6 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from harness.reporting import charts
 from harness.devices import SocSpec
 from harness.errors import ConfigError, StepError
 from harness.estimate import estimate_latency, graph_cost
@@ -176,7 +177,7 @@ def test_profile_step_reports_statistics_ops_charts_and_holds_the_budget(ctx, qd
     assert k["per_op_source"] == "context_binary" and k["top_ops"][0]["share"] >= k["top_ops"][-1]["share"]
     assert k["estimated_latency_ms"] > 0 and k["budget_latency_ms"] == k["estimated_latency_ms"]
     for name in ("latency_histogram", "per_op_cycles"):
-        assert ok.artifacts[name].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert charts.ready(ok.artifacts[name]) and ok.artifacts[name].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert ok.artifacts["qnn_profile_csv"].read_text().startswith("Msg Timestamp,")
     assert ok.passed, ok.problems()
     tight = profile(ctx, qdq, random_feeds(1)[0], sm8650_runner, devices.soc("sm8650"),

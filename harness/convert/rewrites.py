@@ -13,10 +13,7 @@ None, the changes listed in the report are the nodes it removed and the op types
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -25,6 +22,7 @@ import onnx
 from harness.convert import copy_model
 from harness.convert.opset import opset_of
 from harness.errors import ConfigError
+from harness.user_code import load_function
 
 FLOAT_MAX = float(np.finfo(np.float32).max)
 
@@ -256,28 +254,7 @@ OPTIONAL: dict[str, BuiltinRewrite] = {
 def load_rewrite(reference: str) -> Callable[[onnx.ModelProto], object]:
     """Return the function a rewrite reference names ('pkg.module:fn' or 'path/to/file.py:fn');
     raises ConfigError naming the reference when it cannot be imported or is not callable."""
-    target, sep, attr = reference.rpartition(":")
-    if not sep or not target or not attr:
-        raise ConfigError(f"rewrite '{reference}': expected 'package.module:function', 'path/to/file.py:function' "
-                          f"or a built-in name ({', '.join(OPTIONAL)})")
-    try:
-        if target.endswith(".py"):
-            path = Path(target).expanduser()
-            if not path.is_file():
-                raise ConfigError(f"rewrite '{reference}': no such file {path}")
-            spec = importlib.util.spec_from_file_location(f"harness_user_rewrite_{path.stem}", path)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(target)
-    except ConfigError:
-        raise
-    except Exception as e:  # ImportError, SyntaxError, whatever the module raises at import
-        raise ConfigError(f"rewrite '{reference}': cannot import {target}: {type(e).__name__}: {e}") from None
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ConfigError(f"rewrite '{reference}': {target} has no function '{attr}'")
-    return fn
+    return load_function(reference, "rewrite", f"a built-in name ({', '.join(OPTIONAL)})")
 
 
 def apply_user_rewrite(model: onnx.ModelProto, reference: str) -> tuple[onnx.ModelProto, list[Rewrite]]:

@@ -18,6 +18,7 @@ from typing import Any, Generic, TypeVar
 import pytest
 
 from harness.errors import DeviceQuarantinedError, HarnessError, TransportError
+from harness.reporting import charts
 from harness.reasons import headline, summarize
 from harness.steps.table import PASSED, Step, StepOptions, steps
 
@@ -138,6 +139,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 def _close_session(config: pytest.Config) -> None:
     """Clean and close the session's devices (the controller's too under xdist)."""
+    charts.wait_all()  # the charts still being drawn on their thread are written before the run ends
     session = config.stash.get(SESSION_KEY, None)
     if session is None:
         return
@@ -197,8 +199,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         record = StepRecord(target.device.id, target.soc.id, target.model.name, marker.args[0], state,
                             item.stash.get(_KPIS_KEY, {}), re.sub(r"^(Failed|Skipped): ", "", message), tuple(marginal))
         if verdict is not None:  # what check() decided goes to Allure and --junitxml from the record (telemetry too)
-            if verdict.report is not None:
-                attach_report(verdict.report, record)
+            if verdict.report is not None and item.config.pluginmanager.getplugin("allure_listener") is not None:
+                attach_report(verdict.report, record)  # waits for the step's charts: only when Allure records
             reason = [(f"{record.step}.reason", headline(verdict.message))] if verdict.message else []
             item.user_properties.extend([*record.properties(), (f"{record.step}.status", verdict.status), *reason])
         report.user_properties.append((RECORD_PROPERTY, record.to_json()))

@@ -14,6 +14,7 @@ from typing import Any
 import allure
 
 from harness.kpi import INTERVALS_KEY, interval_of, kpi_value
+from harness.reporting import charts
 from harness.reporting.names import (DEVICE, INCONCLUSIVE, MARGINAL, MODEL, SOC, kpi_attachment, soc_parameter,
                                      status_message, step_name)
 from harness.reporting.records import StepRecord
@@ -54,7 +55,7 @@ def attach_report(report: StepReport, record: StepRecord) -> None:
             allure.attach(table_csv(rows), name=f"{report.step} {name}", attachment_type=allure.attachment_type.CSV)
         for name, path in report.artifacts.items():
             kind = _ATTACHABLE.get(path.suffix.lower())
-            if kind is not None and path.is_file():
+            if kind is not None and charts.ready(path):
                 allure.attach.file(str(path), name=f"{report.step} {name}", attachment_type=kind)
         kpis = report.kpis
         for title in [*map(str, report.verdicts),

@@ -1,13 +1,93 @@
-"""PNG charts: the profile step's latency histogram and per-op cycles bar chart, and mixed
-precision's accuracy-vs-promotions (Pareto) curve.
+"""PNG charts: the profile step's latency histogram and per-op cycles bar chart, error isolation's SQNR along the
+graph, mixed precision's accuracy-vs-promotions (Pareto) curve, Step 7's soak, power and concurrency charts and the
+LLM stress run's token rate.
 
-Uses matplotlib's object API on an Agg canvas, so no display and no global backend switch.
+Uses matplotlib's object API on an Agg canvas, so no display and no global backend switch. Every chart is drawn on
+one background thread (rendering a chart takes 0.1-0.5 s, which would otherwise add to the step: this way it
+overlaps the device's next run): a chart function returns its path at once, and `ready(path)` waits for that file
+(the Allure attachment and the suites' checks call it; `wait_all()` at the end of a session). A chart is written
+through a temporary file and a rename, so an interrupted run leaves no half-written PNG; its arguments must not
+change after the call.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
+import logging
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
+
+from harness.cache import ArtifactCache
+from harness.files import replacing
+
+logger = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_renderer: ThreadPoolExecutor | None = None
+_pending: dict[Path, Future] = {}
+
+
+def in_background(path: Path, write: Callable[[], object]) -> Path:
+    """Queue write() (which must write path atomically) on the chart thread; return path, complete once
+    ready(path) returns."""
+    global _renderer
+    path = Path(path)
+    with _lock:
+        if _renderer is None:
+            _renderer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="harness-charts")
+        _pending[path] = _renderer.submit(write)
+    return path
+
+
+def ready(path: Path) -> bool:
+    """Wait for the chart queued for path, if any; return whether path is a file (a chart that failed to draw is
+    logged with its traceback, and its file is absent)."""
+    path = Path(path)
+    with _lock:
+        future = _pending.pop(path, None)
+    if future is not None:
+        try:
+            future.result()
+        except Exception:
+            logger.warning("the chart %s could not be drawn", path, exc_info=True)
+    return path.is_file()
+
+
+def wait_all() -> None:
+    """Wait until every queued chart is written (or has failed); return None."""
+    with _lock:
+        paths = list(_pending)
+    for path in paths:
+        ready(path)
+
+
+def _drawn_in_background(draw: Callable[..., None]) -> Callable[..., Path]:
+    """Make draw(..., path, ...) queue itself on the chart thread, writing path through a temporary file."""
+    signature = inspect.signature(draw)
+
+    @functools.wraps(draw)
+    def queue(*args, **kwargs) -> Path:
+        bound = signature.bind(*args, **kwargs)
+        path = Path(bound.arguments["path"])
+
+        def write() -> None:
+            with replacing(path) as tmp:
+                bound.arguments["path"] = tmp
+                draw(*bound.args, **bound.kwargs)
+        return in_background(path, write)
+    return queue
+
+
+def in_cache(cache: ArtifactCache, kind: str, key: str, name: str, chart: Callable[..., Path], *args,
+             **kwargs) -> Path:
+    """Queue chart(*args, <entry>/name, **kwargs), one of this module's charts, drawn into the artifact cache's entry
+    (kind, key) on the chart thread (so drawn once per content); return the chart's final path."""
+    draw = getattr(chart, "__wrapped__", chart)
+    path = cache.path(kind, key) / name
+    return in_background(path, lambda: cache.entry(kind, key, lambda out: draw(*args, out / name, **kwargs)))
 
 
 def _figure(width_in: float, height_in: float):
@@ -19,6 +99,7 @@ def _figure(width_in: float, height_in: float):
     return fig
 
 
+@_drawn_in_background
 def latency_histogram(times_ms: Sequence[float], stats: dict[str, float], title: str, path: Path) -> Path:
     """Write a histogram of per-iteration latencies with p50/p90/p99 marked; return path."""
     fig = _figure(7, 4)
@@ -38,9 +119,9 @@ def latency_histogram(times_ms: Sequence[float], stats: dict[str, float], title:
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
     fig.savefig(path, format="png")
-    return Path(path)
 
 
+@_drawn_in_background
 def per_op_bars(rows: Sequence[dict], title: str, path: Path, top: int = 15) -> Path:
     """Write a horizontal bar chart of the top ops by cycles (label: node and op type); return path."""
     shown = list(rows[:top])
@@ -56,9 +137,9 @@ def per_op_bars(rows: Sequence[dict], title: str, path: Path, top: int = 15) -> 
     ax.tick_params(axis="y", labelsize=8)
     ax.margins(x=0.15)
     fig.savefig(path, format="png")
-    return Path(path)
 
 
+@_drawn_in_background
 def pareto_curve(rows: Sequence[dict], title: str, path: Path, min_sqnr_db: float | None = None,
                  min_cosine: float | None = None) -> Path:
     """Write mixed precision's trade-off: output SQNR and cosine similarity against the number of
@@ -105,7 +186,38 @@ def pareto_curve(rows: Sequence[dict], title: str, path: Path, min_sqnr_db: floa
     right.grid(alpha=0.3)
     fig.suptitle(title, fontsize=10)
     fig.savefig(path, format="png")
-    return Path(path)
+
+
+@_drawn_in_background
+def sqnr_along_graph(rows: Sequence[tuple], first: tuple | None, min_cosine: float, path: Path) -> Path:
+    """Write error isolation's SQNR (and cosine similarity) along the graph, host QDQ and HTP; return path. rows:
+    (index, node, sqnr_host_db, sqnr_htp_db, cosine_host, cosine_htp) in topological order; first: (index, node,
+    sqnr_htp_db) of the first divergent tensor, or None."""
+    cap = 100.0
+    x = [r[0] for r in rows]
+    fig = _figure(max(6.0, min(18.0, 0.25 * len(rows) + 4)), 6.0)
+    ax, ax2 = fig.subplots(2, 1, sharex=True, height_ratios=[2, 1])
+    ax.plot(x, [min(r[2], cap) for r in rows], "o-", ms=3, label="host QDQ emulation")
+    ax.plot(x, [min(r[3], cap) for r in rows], "s-", ms=3, label="device htp")
+    ax.set_ylabel("SQNR vs float (dB)")
+    ax.set_title("Layer-by-layer error isolation (topological order)")
+    ax2.plot(x, [r[4] for r in rows], "o-", ms=3)
+    ax2.plot(x, [r[5] for r in rows], "s-", ms=3)
+    ax2.axhline(min_cosine, color="red", ls="--", lw=1, label=f"cosine {min_cosine}")
+    ax2.set_ylabel("cosine similarity")
+    ax2.set_xlabel("compared tensor")
+    if first is not None:
+        for a in (ax, ax2):
+            a.axvline(first[0], color="red", lw=1, alpha=0.6)
+        ax.annotate(f"first divergent: {first[1]}", (first[0], min(first[2], cap)),
+                    textcoords="offset points", xytext=(8, 8), color="red", fontsize=8)
+    if len(rows) <= 40:
+        ax2.set_xticks(x, [r[1] for r in rows], rotation=70, ha="right", fontsize=7)
+    ax.legend(fontsize=8)
+    ax2.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    ax2.grid(alpha=0.3)
+    fig.savefig(path, format="png")
 
 
 def _shade_idle(ax, samples) -> None:
@@ -114,6 +226,7 @@ def _shade_idle(ax, samples) -> None:
         ax.axvspan(min(idle), 0.0, color="#dddddd", alpha=0.6, label="idle (model loaded)")
 
 
+@_drawn_in_background
 def soak_chart(windows: Sequence, samples: Sequence, trips: Sequence, title: str, path: Path,
                onset_s: float | None = None, zones: int = 3) -> Path:
     """Write latency per window (p50 and p90, left axis) with the hottest zones' temperatures against time
@@ -156,9 +269,9 @@ def soak_chart(windows: Sequence, samples: Sequence, trips: Sequence, title: str
     ax.set_title(title, fontsize=10)
     ax.legend(handles, labels, fontsize=7, loc="upper left")
     fig.savefig(path, format="png")
-    return Path(path)
 
 
+@_drawn_in_background
 def power_chart(samples: Sequence, idle_power_w: float | None, title: str, path: Path) -> Path:
     """Write the device's power against time (idle phase shaded, its mean drawn); return path."""
     fig = _figure(9, 3.5)
@@ -174,9 +287,9 @@ def power_chart(samples: Sequence, idle_power_w: float | None, title: str, path:
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
     fig.savefig(path, format="png")
-    return Path(path)
 
 
+@_drawn_in_background
 def concurrency_bars(rows: Sequence[dict], title: str, path: Path) -> Path:
     """Write solo against concurrent p50 latency per session as grouped bars; return path."""
     fig = _figure(max(7.5, 1.2 * len(rows) + 2), 3.8)
@@ -196,9 +309,9 @@ def concurrency_bars(rows: Sequence[dict], title: str, path: Path) -> Path:
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8, loc="lower right")
     fig.savefig(path, format="png")
-    return Path(path)
 
 
+@_drawn_in_background
 def token_rate_chart(rates: Sequence[dict], rss: Sequence[dict], title: str, path: Path) -> Path:
     """Write each query's generation rate (tokens/s, one series per worker) against time, with the runner's
     resident memory on the right axis; return path. rates: {t_s, tokens_per_s, worker}; rss: {t_s, rss_mb}."""
@@ -221,4 +334,3 @@ def token_rate_chart(rates: Sequence[dict], rss: Sequence[dict], title: str, pat
     ax.set_title(title, fontsize=10)
     ax.legend(handles, labels, fontsize=7, loc="lower left")
     fig.savefig(path, format="png")
-    return Path(path)

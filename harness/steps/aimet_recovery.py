@@ -314,7 +314,7 @@ def simulated(model: Path, dataset: Dataset, reference: list[Feed], thresholds: 
     """Return the cached AIMET run (its directory, its record, whether it came from the cache)."""
     import aimet_onnx
 
-    labels = [] if dataset.labels is None else np.asarray(dataset.labels).tolist()
+    labels = dataset.labels_key()
     key = content_key("aimet-v3", model, feeds_digest(dataset.calibration), feeds_digest(dataset.evaluation),
                       feeds_digest(reference), labels, asdict(recipe), thresholds.max_task_metric_drop,
                       thresholds.min_cosine_similarity, thresholds.min_sqnr_db, adaround_iterations,
@@ -401,7 +401,9 @@ def aimet_recovery(model: Path, dataset: Dataset, reference: list[Feed], runner:
         "final_recipe": final.name, "applied": [t["technique"] for t, _ in candidates if t["applied"]],
         "met_threshold": final.meets, "met_by": next((t["technique"] for t, c in candidates if c.meets), None),
         "task_metric_name": k["task_metric_name"], "task_metric": k["task_metric"],
-        "task_metric_drop": k["task_metric_drop"], "cosine_similarity": k["cosine_similarity"], "sqnr_db": k["sqnr_db"],
+        "task_metric_drop": k["task_metric_drop"],
+        **({"task_metric_ratio": k["task_metric_ratio"]} if "task_metric_ratio" in k else {}),
+        "cosine_similarity": k["cosine_similarity"], "sqnr_db": k["sqnr_db"],
         "intervals": k.get("intervals"), "undecided": final.undecided,
         "start_task_metric": first.get("task_metric"), "start_cosine_similarity": first.get("cosine_similarity"),
         "start_sqnr_db": first.get("sqnr_db"), "final_bit_widths": final_tech["bits"],

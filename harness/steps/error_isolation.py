@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -28,7 +29,8 @@ import numpy as np
 from harness.cache import ArtifactCache, content_key
 from harness.data import Dataset, Feed
 from harness.errors import StepError
-from harness.metrics import cosine_similarity, mean_abs_error, sqnr_db
+from harness.metrics import as_flat, cosine_similarity, mean_abs_error, sqnr_db
+from harness.reporting import charts
 from harness.runner.client import DeviceRunner
 from harness.steps.inference import host_qdq_run
 from harness.steps.ptq import MATH_ERROR_COSINE
@@ -180,7 +182,10 @@ def compare_layers(float_model: Path, float_acts: dict[str, list[np.ndarray]],
     compared = [t for t in order if t in bits and t in float_acts and t in htp_acts and t in host_acts
                 and _same_size(float_acts[t], htp_acts[t])]
     compared_set = set(compared)
-    cos_htp = {t: cosine_similarity(float_acts[t], htp_acts[t]) for t in compared}
+    with ThreadPoolExecutor(2, thread_name_prefix="compare-layers") as pool:  # numpy releases the GIL: 2 cores
+        stats = dict(zip(compared, pool.map(lambda t: _tensor_stats(float_acts[t], htp_acts[t], host_acts[t]),
+                                            compared)))
+    cos_htp = {t: s["cosine_htp"] for t, s in stats.items()}
     upstream_memo: dict[str, tuple[frozenset, frozenset]] = {}
 
     def upstream(tensor: str) -> tuple[frozenset, frozenset]:
@@ -205,18 +210,24 @@ def compare_layers(float_model: Path, float_acts: dict[str, list[np.ndarray]],
         ups, fused = upstream(tensor)
         node = producer.get(tensor)
         up_cos = min((cos_htp[u] for u in ups), default=1.0)
-        f, q, h = float_acts[tensor], htp_acts[tensor], host_acts[tensor]
         rows.append(LayerStats(
             index=index, node=(node.name or tensor) if node is not None else f"input:{tensor}",
             op_type=node.op_type if node is not None else "Input", tensor=tensor, bitwidth=bits[tensor],
-            cosine_htp=cos_htp[tensor], sqnr_htp_db=sqnr_db(f, q), mae_htp=mean_abs_error(f, q),
-            cosine_host=cosine_similarity(f, h), sqnr_host_db=sqnr_db(f, h), mae_host=mean_abs_error(f, h),
-            cosine_htp_vs_host=cosine_similarity(h, q), upstream_cosine=up_cos,
+            **stats[tensor], upstream_cosine=up_cos,
             cosine_drop=up_cos - cos_htp[tensor],
             fused_tensors=";".join(t for t in order if t in fused),
             upstream_tensors=";".join(t for t in order if t in ups)))
     not_compared = sum(1 for t in order if t not in compared_set)
     return _rank(rows), not_compared
+
+
+def _tensor_stats(float_act: list[np.ndarray], htp_act: list[np.ndarray], host_act: list[np.ndarray]) -> dict:
+    """Return one tensor's LayerStats metrics (HTP and host QDQ against float, HTP against host), each tensor
+    flattened once."""
+    f, q, h = as_flat(float_act), as_flat(htp_act), as_flat(host_act)
+    return {"cosine_htp": cosine_similarity(f, q), "sqnr_htp_db": sqnr_db(f, q), "mae_htp": mean_abs_error(f, q),
+            "cosine_host": cosine_similarity(f, h), "sqnr_host_db": sqnr_db(f, h), "mae_host": mean_abs_error(f, h),
+            "cosine_htp_vs_host": cosine_similarity(h, q)}
 
 
 def _same_size(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
@@ -248,9 +259,11 @@ def isolate_errors(float_model: Path, qdq_model: Path, dataset: Dataset, runner:
     if not feeds:
         raise StepError("error isolation needs at least one evaluation sample")
     exposed_model, tensors = expose_quantized_tensors(qdq_model, cache)
-    float_acts = float_activations(float_model, feeds, cache)
-    host_acts = host_quantized_activations(exposed_model, tensors, feeds)
-    htp_acts, htp_nodes = device_quantized_activations(exposed_model, tensors, feeds, runner)
+    with ThreadPoolExecutor(1, thread_name_prefix="htp-activations") as pool:  # the host's runs overlap the device's
+        device = pool.submit(device_quantized_activations, exposed_model, tensors, feeds, runner)
+        float_acts = float_activations(float_model, feeds, cache)
+        host_acts = host_quantized_activations(exposed_model, tensors, feeds)
+        htp_acts, htp_nodes = device.result()
     rows, not_compared = compare_layers(float_model, float_acts, host_acts, htp_acts, tensors)
     if not rows:
         raise StepError(f"no quantized activation of {qdq_model.name} matches a tensor of {float_model.name}")
@@ -334,45 +347,10 @@ def ranked_promotion_units(report: StepReport) -> list[list[str]]:
 
 
 def _write_artifacts(rows: list[LayerStats], first: LayerStats | None, cache: ArtifactCache) -> dict[str, Path]:
-    """Write the SQNR plot (cached by the table's content); the table itself goes out as CSV with the report."""
+    """Queue the SQNR plot (cached by the table's content, drawn on the chart thread); the table itself goes out as
+    CSV with the report."""
     key = content_key("error-isolation-plot-v1", [_table_row(r) for r in rows])
-
-    def build(out: Path) -> None:
-        plot_sqnr(rows, first, out / "sqnr_along_graph.png")
-
-    return {"sqnr_plot": cache.entry("error_isolation", key, build).path / "sqnr_along_graph.png"}
-
-
-def plot_sqnr(rows: list[LayerStats], first: LayerStats | None, path: Path) -> Path:
-    """Write a PNG of SQNR (and cosine similarity) along the graph, HTP and host; return path."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib.figure import Figure
-
-    cap = 100.0
-    x = [r.index for r in rows]
-    fig = Figure(figsize=(max(6.0, min(18.0, 0.25 * len(rows) + 4)), 6.0), layout="constrained")
-    ax, ax2 = fig.subplots(2, 1, sharex=True, height_ratios=[2, 1])
-    ax.plot(x, [min(r.sqnr_host_db, cap) for r in rows], "o-", ms=3, label="host QDQ emulation")
-    ax.plot(x, [min(r.sqnr_htp_db, cap) for r in rows], "s-", ms=3, label="device htp")
-    ax.set_ylabel("SQNR vs float (dB)")
-    ax.set_title("Layer-by-layer error isolation (topological order)")
-    ax2.plot(x, [r.cosine_host for r in rows], "o-", ms=3)
-    ax2.plot(x, [r.cosine_htp for r in rows], "s-", ms=3)
-    ax2.axhline(MATH_ERROR_COSINE, color="red", ls="--", lw=1, label=f"cosine {MATH_ERROR_COSINE}")
-    ax2.set_ylabel("cosine similarity")
-    ax2.set_xlabel("compared tensor")
-    if first is not None:
-        for a in (ax, ax2):
-            a.axvline(first.index, color="red", lw=1, alpha=0.6)
-        ax.annotate(f"first divergent: {first.node}", (first.index, min(first.sqnr_htp_db, cap)),
-                    textcoords="offset points", xytext=(8, 8), color="red", fontsize=8)
-    if len(rows) <= 40:
-        ax2.set_xticks(x, [r.node for r in rows], rotation=70, ha="right", fontsize=7)
-    ax.legend(fontsize=8)
-    ax2.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    ax2.grid(alpha=0.3)
-    fig.savefig(path, dpi=100)
-    return path
+    rows_drawn = [(r.index, r.node, r.sqnr_host_db, r.sqnr_htp_db, r.cosine_host, r.cosine_htp) for r in rows]
+    marked = (first.index, first.node, first.sqnr_htp_db) if first is not None else None
+    return {"sqnr_plot": charts.in_cache(cache, "error_isolation", key, "sqnr_along_graph.png", charts.sqnr_along_graph,
+                                         rows_drawn, marked, MATH_ERROR_COSINE)}

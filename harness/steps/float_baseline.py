@@ -42,7 +42,9 @@ def float_baseline(model: Path, dataset: Dataset, reference: list[Feed], runner:
         "tolerance": {"atol": thresholds.float_atol, "rtol": thresholds.float_rtol},
         "mean_inference_ms": 1000 * float(np.mean(run.inference_s)) if run.inference_s else None,
     }
+    lower_is_better = dataset.task is not None and not dataset.task.metric.higher_is_better  # cer: at most host's
     report.limits = [Limit("elements_out_of_tolerance", maximum=0, marginal=0.0),
-                     Limit("task_metric", minimum=ref_value - 1e-9, marginal=0.0)]
+                     Limit("task_metric", minimum=None if lower_is_better else ref_value - 1e-9,
+                           maximum=ref_value + 1e-9 if lower_is_better else None, marginal=0.0)]
     report.notes.extend(dataset.warnings)
     return report

@@ -10,7 +10,9 @@ from harness.cache import ArtifactCache, content_key
 from harness.data import Dataset, Feed, feeds_digest
 from harness.errors import StepError
 from harness.host_sessions import host_session_options
+from harness.kpi import Limit
 from harness.metrics import DECISION_THRESHOLD, cosine_similarity, is_classifier_output, is_probability_output, top1
+from harness.models import Thresholds
 
 
 def run_host(model: Path, feeds: list[Feed]) -> list[Feed]:
@@ -57,6 +59,16 @@ def host_reference(model: Path, feeds: list[Feed], cache: ArtifactCache) -> list
     return result
 
 
+def accuracy_limits(thresholds: Thresholds, sqnr: bool = True) -> list[Limit]:
+    """Return the model's accuracy KPI rules (PTQ's, the recovery candidates', Step 7's without SQNR): the task
+    metric's ratio to float and drop, cosine similarity and SQNR, each where its threshold is set."""
+    rules = [("task_metric_ratio", thresholds.min_task_metric_ratio, None),
+             ("task_metric_drop", None, thresholds.max_task_metric_drop),
+             ("cosine_similarity", thresholds.min_cosine_similarity, None),
+             ("sqnr_db", thresholds.min_sqnr_db if sqnr else None, None)]
+    return [Limit(kpi, minimum=low, maximum=high) for kpi, low, high in rules if low is not None or high is not None]
+
+
 def task_outcomes(outputs: list[Feed], dataset: Dataset, reference: list[Feed]) -> tuple[str, np.ndarray | None]:
     """Return the task metric's name and its per-sample outcomes (True: correct / agreeing), which the metric is
     the share of: for a classifier top-1 correct with labels, else top-1 agreement with reference; for a detector
@@ -76,7 +88,10 @@ def task_outcomes(outputs: list[Feed], dataset: Dataset, reference: list[Feed]) 
 
 def task_metric(outputs: list[Feed], dataset: Dataset, reference: list[Feed]) -> tuple[str, float]:
     """Return (metric name, value) for outputs: the share of task_outcomes that hold (top-1 accuracy with
-    labels, else top-1 or decision agreement with reference), else the cosine similarity to reference."""
+    labels, else top-1 or decision agreement with reference), else the cosine similarity to reference; with the
+    model spec's evaluation section, its metric on its labels."""
+    if dataset.task is not None:
+        return dataset.task.metric.name, dataset.task.value(outputs, dataset.labels)
     name, outcomes = task_outcomes(outputs, dataset, reference)
     if outcomes is None:
         return name, cosine_similarity(stacked(reference), stacked(outputs))

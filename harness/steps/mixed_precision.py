@@ -36,8 +36,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from harness.reporting import charts
 from harness.cache import ArtifactCache, content_key
 from harness.data import Dataset, Feed, feeds_digest
@@ -122,7 +120,7 @@ def promoted_recipe(start: QuantRecipe, units: list[PromotionUnit], label: str =
 def host_kpis(qdq_model: Path, dataset: Dataset, reference: list[Feed], cache: ArtifactCache,
               threads: int = 0) -> dict[str, Any]:
     """Return the KPIs of qdq_model on the host's QDQ emulation against the float reference (cached)."""
-    labels = [] if dataset.labels is None else np.asarray(dataset.labels).tolist()
+    labels = dataset.labels_key()
     key = content_key("mp-host-v2", qdq_model, feeds_digest(dataset.evaluation), feeds_digest(reference), labels)
 
     def build(out: Path) -> None:
@@ -261,7 +259,7 @@ def mixed_precision(model: Path, dataset: Dataset, reference: list[Feed], runner
         "units_measured": len(effects), "measure_limit": measure_limit,
         "met_threshold": final.meets, "start_met_threshold": start.meets,
         "task_metric_name": k["task_metric_name"], "task_metric": k["task_metric"],
-        "task_metric_drop": k["task_metric_drop"], "cosine_similarity": k["cosine_similarity"],
+        "task_metric_drop": k["task_metric_drop"], **_ratio(k), "cosine_similarity": k["cosine_similarity"],
         "sqnr_db": k["sqnr_db"], "intervals": k.get("intervals"), "undecided": final.undecided,
         "start_task_metric": base.get("task_metric"),
         "start_cosine_similarity": base.get("cosine_similarity"), "start_sqnr_db": base.get("sqnr_db"),
@@ -301,6 +299,11 @@ def mixed_precision(model: Path, dataset: Dataset, reference: list[Feed], runner
     return report
 
 
+def _ratio(kpis: dict[str, Any]) -> dict[str, Any]:
+    """Return the task metric's ratio to float of a candidate's KPIs, where it has one (an evaluation section)."""
+    return {"task_metric_ratio": kpis["task_metric_ratio"]} if "task_metric_ratio" in kpis else {}
+
+
 def unresolvable_search(start: Candidate, thresholds: Thresholds, resolvable_drop: float | None) -> str | None:
     """Return why a search from start could not decide anything (None when it could): start fails no limit, and
     the limits it leaves undecided are the task-metric drop's, which the samples cannot resolve even with no
@@ -308,7 +311,7 @@ def unresolvable_search(start: Candidate, thresholds: Thresholds, resolvable_dro
     if start.meets or start.error is not None or not start.undecided or resolvable_drop is None:
         return None
     limit = thresholds.max_task_metric_drop
-    if resolvable_drop <= limit:
+    if limit is None or resolvable_drop <= limit:
         return None
     states = {v.limit.kpi: v.state for v in check_all(start.kpis, accuracy_limits(thresholds))}
     undecided = {kpi for kpi, state in states.items() if state == "inconclusive"}
@@ -330,6 +333,7 @@ def _search_not_run(start: Candidate, thresholds: Thresholds, reason: str) -> St
                    "promoted_count": 0, "met_threshold": False, "start_met_threshold": False, "undecided": True,
                    "search": "not run", "task_metric_name": k.get("task_metric_name"),
                    **{kpi: k.get(kpi) for kpi in ("task_metric", "task_metric_drop", "cosine_similarity", "sqnr_db")},
+                   **_ratio(k),
                    "intervals": k.get("intervals")}
     report.inconclusive.append(reason)
     return report
@@ -373,12 +377,8 @@ def _candidate_rows(effects: list[UnitEffect], ranked: list[PromotionUnit], star
 
 def _pareto_plot(rows: list[dict[str, Any]], thresholds: Thresholds, start_name: str,
                  cache: ArtifactCache) -> Path:
-    """Write the accuracy-vs-promotions chart, cached by the table's content; return its path."""
+    """Queue the accuracy-vs-promotions chart, cached by the table's content; return its path."""
     key = content_key("mp-pareto-plot-v1", rows, thresholds.min_sqnr_db, thresholds.min_cosine_similarity, start_name)
-
-    def build(out: Path) -> None:
-        charts.pareto_curve(rows, f"Mixed precision from {start_name}: accuracy vs 16-bit promotions",
-                            out / "pareto.png", min_sqnr_db=thresholds.min_sqnr_db,
-                            min_cosine=thresholds.min_cosine_similarity)
-
-    return cache.entry("mixed_precision_plot", key, build).path / "pareto.png"
+    return charts.in_cache(cache, "mixed_precision_plot", key, "pareto.png", charts.pareto_curve, rows,
+                           f"Mixed precision from {start_name}: accuracy vs 16-bit promotions",
+                           min_sqnr_db=thresholds.min_sqnr_db, min_cosine=thresholds.min_cosine_similarity)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -15,13 +16,14 @@ from harness import stats
 from harness.cache import ArtifactCache, content_key
 from harness.data import Dataset, Feed, feeds_digest
 from harness.errors import StepError
-from harness.kpi import INTERVALS_KEY, Limit
+from harness.kpi import INTERVALS_KEY, Interval
 from harness.metrics import cosine_from_sums, cosine_similarity, mean_abs_error, sample_sums, sqnr_db, sqnr_from_sums
 from harness.models import Thresholds
 from harness.quantization.overrides import recipe_overrides
 from harness.quantization.prequantized import check_generated, quantized_nodes
 from harness.runner.client import DeviceRunner, HtpRefusedError
-from harness.steps.inference import reference_warning, stacked, task_metric, task_outcomes
+from harness.steps.inference import (accuracy_limits, host_qdq_run, reference_warning, stacked, task_metric,
+                                     task_outcomes)
 from harness.steps.report import StepReport
 
 MATH_ERROR_COSINE = 0.9  # the seed's rule: below, a math/graph error; above, precision loss
@@ -147,22 +149,35 @@ def compare_quantized(outputs: list[Feed], reference: list[Feed], dataset: Datas
                       float_metric: tuple[str, float]) -> dict:
     """Return the KPIs of quantized outputs against the float reference, with the 95 % intervals of the
     task metric, its drop, cosine similarity and SQNR over the samples (kpis["intervals"], see
-    accuracy_intervals)."""
-    name, value = task_metric(outputs, dataset, reference)
-    float_name, float_value = float_metric
+    accuracy_intervals); with the model spec's evaluation section, the task metric is its metric on its labels,
+    with its ratio to float (harness.evaluation.task)."""
     cos = cosine_similarity(stacked(reference), stacked(outputs))
+    if dataset.task is not None:
+        task = dataset.task.compare(outputs, reference, dataset.labels)
+        intervals = {**task.pop(INTERVALS_KEY), **output_intervals(outputs, reference)}
+    else:
+        name, value = task_metric(outputs, dataset, reference)
+        task = {"task_metric_name": name, "task_metric": value, "float_task_metric": float_metric[1],
+                "task_metric_drop": float_metric[1] - value}
+        intervals = accuracy_intervals(outputs, reference, dataset)
     return {
-        "task_metric_name": name,
-        "task_metric": value,
-        "float_task_metric": float_value,
-        "task_metric_drop": float_value - value,
+        **task,
         "cosine_similarity": cos,
         "sqnr_db": sqnr_db(stacked(reference), stacked(outputs)),
         "mae": mean_abs_error(stacked(reference), stacked(outputs)),
         "diagnosis": ("likely math/graph error (cosine similarity < 0.9): isolate layer by layer"
                       if cos < MATH_ERROR_COSINE else "precision loss (cosine similarity >= 0.9): tune encodings"),
-        INTERVALS_KEY: accuracy_intervals(outputs, reference, dataset),
+        INTERVALS_KEY: intervals,
     }
+
+
+def output_intervals(outputs: list[Feed], reference: list[Feed]) -> dict[str, dict]:
+    """Return {kpi: Interval.as_dict()} of cosine similarity and SQNR: a bootstrap over samples."""
+    n = len(outputs)
+    sums = sample_sums([list(r.values()) for r in reference], [list(o.values()) for o in outputs])
+    return {"cosine_similarity": stats.bootstrap(lambda idx: cosine_from_sums(sums[idx].sum(axis=0)), n,
+                                                 bounds=(-1.0, 1.0)).as_dict(),
+            "sqnr_db": stats.bootstrap(lambda idx: sqnr_from_sums(sums[idx].sum(axis=0)), n).as_dict()}
 
 
 def accuracy_intervals(outputs: list[Feed], reference: list[Feed], dataset: Dataset) -> dict[str, dict]:
@@ -171,11 +186,10 @@ def accuracy_intervals(outputs: list[Feed], reference: list[Feed], dataset: Data
     float and quantized accuracies; a bootstrap over samples for cosine similarity and SQNR (and for the task
     metric when it is the cosine)."""
     n = len(outputs)
-    sums = sample_sums([list(r.values()) for r in reference], [list(o.values()) for o in outputs])
-    cosine = stats.bootstrap(lambda idx: cosine_from_sums(sums[idx].sum(axis=0)), n, bounds=(-1.0, 1.0))
-    sqnr = stats.bootstrap(lambda idx: sqnr_from_sums(sums[idx].sum(axis=0)), n)
+    intervals = output_intervals(outputs, reference)
     name, outcomes = task_outcomes(outputs, dataset, reference)
     if outcomes is None:
+        cosine = Interval.from_dict(intervals["cosine_similarity"])
         metric, drop = cosine, stats.complement(cosine)
     elif name == "top1_accuracy":
         metric = stats.wilson(int(outcomes.sum()), n)
@@ -183,13 +197,15 @@ def accuracy_intervals(outputs: list[Feed], reference: list[Feed], dataset: Data
     else:
         metric = stats.wilson(int(outcomes.sum()), n)
         drop = stats.complement(metric)
-    return {"task_metric": metric.as_dict(), "task_metric_drop": drop.as_dict(),
-            "cosine_similarity": cosine.as_dict(), "sqnr_db": sqnr.as_dict()}
+    return {"task_metric": metric.as_dict(), "task_metric_drop": drop.as_dict(), **intervals}
 
 
 def resolution(dataset: Dataset, reference: list[Feed]) -> float | None:
     """Return the smallest task-metric drop the evaluation samples can resolve: the upper bound of the drop's
-    interval were the quantized model to match float on every sample (None when the metric is the cosine)."""
+    interval were the quantized model to match float on every sample (None when the metric is the cosine or the
+    evaluation section's)."""
+    if dataset.task is not None:
+        return None
     name, outcomes = task_outcomes(reference, dataset, reference)
     if outcomes is None:
         return None
@@ -203,7 +219,7 @@ def resolution_note(samples: int, resolvable: float | None, thresholds: Threshol
     """Return the note that `samples` evaluation samples cannot resolve the task-metric drop limit even with no
     sample changed (None when they can, or the metric is the cosine), with the count that would."""
     limit = thresholds.max_task_metric_drop
-    if resolvable is None or resolvable <= limit:
+    if resolvable is None or limit is None or resolvable <= limit:
         return None
     needed = stats.proportion_needed(0.0, limit)
     cost = (f", about {needed * inference_s:.0f} s of device time per pass at {inference_s:.3g} s per inference"
@@ -232,10 +248,13 @@ def ptq(qdq_model: Path, recipe: QuantRecipe, dataset: Dataset, reference: list[
     """Return the PTQ report: the QDQ model on the device's `htp` runtime against the float reference, each
     limit judged on its KPI's 95 % interval (inconclusive, saying how many samples would resolve it, when the
     interval straddles the limit); inference_s (one inference's device time) sizes the resolution note."""
-    try:
-        run = runner.run(qdq_model, dataset.evaluation, "htp")
-    except HtpRefusedError as e:  # name the refused nodes, not the runner's exit code
-        raise StepError(f"the quantized model {e.summary}") from None
+    with ThreadPoolExecutor(1, thread_name_prefix="host-qdq") as pool:  # the host's QDQ run overlaps the device's
+        host_run = pool.submit(host_qdq_run, qdq_model, dataset.evaluation) if dataset.task is not None else None
+        try:
+            run = runner.run(qdq_model, dataset.evaluation, "htp")
+        except HtpRefusedError as e:  # name the refused nodes, not the runner's exit code
+            raise StepError(f"the quantized model {e.summary}") from None
+        host_outputs = host_run.result() if host_run is not None else None
     report = StepReport("ptq")
     float_metric = task_metric(reference, dataset, reference)
     resolvable = resolution(dataset, reference)
@@ -245,9 +264,12 @@ def ptq(qdq_model: Path, recipe: QuantRecipe, dataset: Dataset, reference: list[
                    "latency_source": run.latency_source,
                    "mean_inference_ms": 1000 * float(np.mean(run.inference_s)) if run.inference_s else None,
                    "htp_nodes": sum(p.on_htp for p in run.placement)}
-    report.limits = [Limit("task_metric_drop", maximum=thresholds.max_task_metric_drop),
-                     Limit("cosine_similarity", minimum=thresholds.min_cosine_similarity),
-                     Limit("sqnr_db", minimum=thresholds.min_sqnr_db)]
+    report.limits = accuracy_limits(thresholds)
+    if host_outputs is not None:  # the loss in the host's QDQ emulation beside the HTP's: is a miss the HTP's own?
+        host = dataset.task.compare(host_outputs, reference, dataset.labels)
+        report.kpis.update({"host_qdq_task_metric": host["task_metric"],
+                            "host_qdq_task_metric_ratio": host["task_metric_ratio"],
+                            "host_qdq_cosine_similarity": cosine_similarity(stacked(reference), stacked(host_outputs))})
     if (note := resolution_note(len(run.outputs), resolvable, thresholds, inference_s)) is not None:
         report.notes.append(note)
     report.notes.extend(dataset.warnings)

@@ -3,8 +3,10 @@
 Which KPI is compared by which rule (each step's `rules` in harness.steps.table; the rules themselves are in
 harness.baseline):
 
-* accuracy, higher is better, by an absolute tolerance: ptq's and validation_accuracy's ``task_metric``
-  and ``cosine_similarity`` (``regression_accuracy_tolerance``), ``sqnr_db`` (``regression_sqnr_tolerance_db``);
+* accuracy by an absolute tolerance: ptq's and validation_accuracy's ``task_metric`` in its metric's direction
+  (the step's ``task_metric_higher_is_better``: cer regresses when it rises; a baseline of another metric is
+  inconclusive), ``cosine_similarity`` (``regression_accuracy_tolerance``) and ``sqnr_db``
+  (``regression_sqnr_tolerance_db``), higher is better;
 * context_binary's ``context_bytes``, lower is better, by a relative threshold (``regression_size_threshold``);
 * figures measured in independent blocks (kind 'blocks', compare_blocks): profile's ``device_latency_ms``
   (the emulated device's modelled time), ``latency_ms.p50`` (wall time: simulator or device), ``peak_rss_mb``,
@@ -26,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from harness.baseline import (VERDICTS, BaselineError, Evidence, KpiVerdict, Snapshot, _fmt, compare_blocks,
-                              compare_higher, compare_lower, compare_outcome, compare_paired, load_baseline,
+                              compare_absolute, compare_lower, compare_outcome, compare_paired, load_baseline,
                               model_sha256, snapshot)
 from harness.errors import ContextMismatchError, RunnerError
 from harness.models import Thresholds
@@ -187,8 +189,13 @@ def compare(baseline: Snapshot, current: Snapshot, thresholds: Thresholds,
         else:
             base = _kpi_value(baseline, rule.step, rule.kpi, baseline_where)
             cur = _kpi_value(current, rule.step, rule.kpi, "this run")
-            compare_kind = compare_higher if rule.kind == "higher" else compare_lower
-            verdict = compare_kind(rule.step, rule.kpi, base, cur, getattr(thresholds, rule.setting), rule.unit)
+            setting = getattr(thresholds, rule.setting)
+            if rule.kind == "task":
+                verdict = _task(baseline, current, rule, base, cur, setting)
+            elif rule.kind == "higher":
+                verdict = compare_absolute(rule.step, rule.kpi, base, cur, setting, rule.unit)
+            else:
+                verdict = compare_lower(rule.step, rule.kpi, base, cur, setting, rule.unit)
         if verdict is not None:
             verdicts.append(verdict)
     for step in [*current.steps, *(s for s in baseline.steps if s not in current.steps)]:
@@ -202,6 +209,30 @@ def compare(baseline: Snapshot, current: Snapshot, thresholds: Thresholds,
                     if v.verdict in ("regressed", "improved") else v for v in verdicts]
     order = {step: i for i, step in enumerate([*current.steps, *baseline.steps])}
     return sorted(verdicts, key=lambda v: order.get(v.step, len(order)))  # stable: a step's rules keep their order
+
+
+def _task_metric(snap: Snapshot, step: str) -> tuple[str | None, bool]:
+    """The task metric a step of snap reports: its name and direction (the step's task_metric_higher_is_better;
+    True without one: accuracy, agreement and cosine, and every metric of a baseline saved before it was kept)."""
+    kpis = _kpis(snap, step)
+    return kpis.get("task_metric_name"), kpis.get("task_metric_higher_is_better") is not False
+
+
+def _task(baseline: Snapshot, current: Snapshot, rule: KpiRule, base: Any, cur: Any,
+          tolerance: float) -> KpiVerdict | None:
+    """Compare the task metric in its own direction (cer: lower is better); a change between two different
+    metrics (another name or direction in the baseline) is inconclusive, never regressed or improved."""
+    (base_name, base_higher), (name, higher) = _task_metric(baseline, rule.step), _task_metric(current, rule.step)
+    if cur is None:
+        name, higher = base_name, base_higher
+    verdict = compare_absolute(rule.step, rule.kpi, base, cur, tolerance, rule.unit, higher, name or "")
+    if (verdict is not None and verdict.verdict in ("regressed", "improved") and base is not None and cur is not None
+            and (base_name, base_higher) != (name, higher)):
+        return replace(verdict, verdict="inconclusive",
+                       detail=f"{verdict.detail}; another task metric: the baseline's is {base_name or 'unnamed'} "
+                              f"({'higher' if base_higher else 'lower'} is better), this run's {name or 'unnamed'} "
+                              f"({'higher' if higher else 'lower'} is better)")
+    return verdict
 
 
 def another_model(baseline: Snapshot, current: Snapshot) -> bool:

@@ -29,13 +29,13 @@ import numpy as np
 from harness.cache import ArtifactCache, content_key
 from harness.data import Dataset, Feed, feeds_digest
 from harness.errors import HarnessError, StepError
-from harness.kpi import Limit, check_all
+from harness.kpi import check_all
 from harness.models import Thresholds
 from harness.options import SWEEP_MODES
 from harness.runner.base import push_feeds, push_model
 from harness.runner.client import DeviceRunner, HtpRefusedError
 from harness.runner.device_runner import RUNNER_VERSION
-from harness.steps.inference import task_metric
+from harness.steps.inference import accuracy_limits, task_metric
 from harness.steps.ptq import QuantRecipe, compare_quantized, judge, quantize
 from harness.steps.report import StepReport
 
@@ -107,13 +107,6 @@ def judge_candidate(candidate: Candidate, thresholds: Thresholds) -> Candidate:
     return candidate
 
 
-def accuracy_limits(thresholds: Thresholds) -> list[Limit]:
-    """Return the model's accuracy KPI rules (the ones PTQ is held to)."""
-    return [Limit("task_metric_drop", maximum=thresholds.max_task_metric_drop),
-            Limit("cosine_similarity", minimum=thresholds.min_cosine_similarity),
-            Limit("sqnr_db", minimum=thresholds.min_sqnr_db)]
-
-
 def candidate_recipes(mode: str, base: QuantRecipe) -> list[QuantRecipe]:
     """Return the recipes a sweep mode tries, derived from base (its overrides are kept)."""
     def recipe(method: str, per_channel: bool, symmetric: bool, act16: bool) -> QuantRecipe:
@@ -170,7 +163,7 @@ def _candidate_kpis(model: Path, recipe: QuantRecipe, dataset: Dataset, referenc
     candidate model itself, so a re-run of the sweep ranks from the cache; the chosen model is
     run again by the steps after it.
     """
-    labels = [] if dataset.labels is None else np.asarray(dataset.labels).tolist()
+    labels = dataset.labels_key()
     key = content_key("sweep-eval-v2", model, feeds_digest(dataset.evaluation), feeds_digest(reference), labels,
                       runner.transport.device.id, runner.transport.soc.id, RUNNER_VERSION)
 
@@ -250,11 +243,14 @@ def _private_copy(model: Path, cache: ArtifactCache):
 
 def rank(candidates: list[Candidate]) -> list[Candidate]:
     """Return candidates best first: meeting the KPI (decisively), then undecided ones (an interval straddles a
-    limit), then failing ones, each by the point value of the task metric, then of cosine similarity."""
+    limit), then failing ones, each by the task metric's ratio to float where it has one, else by its drop from
+    float (both in the metric's direction: a lower cer ranks first), then by cosine similarity."""
     def key(c: Candidate):
         if c.error is not None:
             return (3, 0.0, 0.0)
-        return (0 if c.meets else 1 if c.undecided else 2, -c.kpis["task_metric"], -c.kpis["cosine_similarity"])
+        ratio = c.kpis.get("task_metric_ratio")
+        return (0 if c.meets else 1 if c.undecided else 2,
+                c.kpis["task_metric_drop"] if ratio is None else -ratio, -c.kpis["cosine_similarity"])
 
     return sorted(candidates, key=key)
 
@@ -306,9 +302,10 @@ def sweep(model: Path, dataset: Dataset, reference: list[Feed], runner: DeviceRu
                    "candidates_from_cache": sum(bool(c.kpis.get("cached")) for c in candidates),
                    "parallel_workers": workers, "wall_s": time.perf_counter() - start}
     if best is not None:
-        for name in ("task_metric_name", "task_metric", "float_task_metric", "task_metric_drop",
+        for name in ("task_metric_name", "task_metric", "float_task_metric", "task_metric_drop", "task_metric_ratio",
                      "cosine_similarity", "sqnr_db", "intervals"):
-            report.kpis[name] = best.kpis.get(name)
+            if name in best.kpis or name != "task_metric_ratio":  # the ratio: with an evaluation section only
+                report.kpis[name] = best.kpis.get(name)
     report.kpis["candidates_undecided"] = sum(c.undecided for c in candidates)
     report.limits = accuracy_limits(thresholds)
     report.tables["candidates"] = [c.summary() for c in candidates]

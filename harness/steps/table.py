@@ -47,8 +47,9 @@ class Prerequisite:
 
 @dataclass(frozen=True)
 class KpiRule:
-    """How one KPI of one step is compared: kind is 'higher' (absolute tolerance), 'lower' (relative
-    threshold) or 'blocks' (independent blocks, see compare_blocks); setting names the Thresholds field;
+    """How one KPI of one step is compared: kind is 'higher' (absolute tolerance), 'task' (absolute tolerance in
+    the task metric's direction, see harness.steps.regression), 'lower' (relative threshold) or 'blocks'
+    (independent blocks, see compare_blocks); setting names the Thresholds field;
     blocks and noise name the KPIs holding its block values and their spread, source its label's KPI."""
 
     step: str
@@ -178,10 +179,10 @@ def _regression(onboarding: Any, options: StepOptions) -> Any:
 
 
 def _accuracy_rules(step: str) -> tuple[KpiRule, ...]:
-    return tuple(KpiRule(step, kpi, "higher", setting, unit)
-                 for kpi, setting, unit in (("task_metric", "regression_accuracy_tolerance", ""),
-                                            ("cosine_similarity", "regression_accuracy_tolerance", ""),
-                                            ("sqnr_db", "regression_sqnr_tolerance_db", "dB")))
+    return (KpiRule(step, "task_metric", "task", "regression_accuracy_tolerance"),
+            *(KpiRule(step, kpi, "higher", setting, unit)
+              for kpi, setting, unit in (("cosine_similarity", "regression_accuracy_tolerance", ""),
+                                         ("sqnr_db", "regression_sqnr_tolerance_db", "dB"))))
 
 
 # --- the table --------------------------------------------------------------------------------------------
@@ -203,7 +204,7 @@ STEPS: tuple[Step, ...] = (
     Step("ptq", "Step 3 stage 2 outcome (needs feasibility and conversion).",
          requires=(passed("feasibility"), passed("conversion")), rules=_accuracy_rules("ptq"),
          page_kpis=("recipe", "task_metric_name", "task_metric", "float_task_metric", "task_metric_drop",
-                    "cosine_similarity", "sqnr_db", "runtime"),
+                    "task_metric_ratio", "cosine_similarity", "sqnr_db", "runtime"),
          headline=lambda k: f"PTQ cosine {num(k.get('cosine_similarity'), '.4f')}, "
                             f"SQNR {num(k.get('sqnr_db'), '.1f')} dB"),
     Step("error_isolation", "Step 3 stage 3 outcome (runs for every model; fails only when PTQ missed its KPI).",
@@ -252,7 +253,7 @@ STEPS: tuple[Step, ...] = (
          "compiled binary).", group="validation", requires=(passed("context_binary"),), markers=("validation",),
          rules=_accuracy_rules("validation_accuracy"),
          page_kpis=("deployed_model", "samples", "task_metric_name", "task_metric", "task_metric_drop",
-                    "cosine_similarity"),
+                    "task_metric_ratio", "cosine_similarity"),
          headline=lambda k: f"{k.get('task_metric_name', 'metric')} {num(k.get('task_metric'), '.4g')}, "
                             f"cosine {num(k.get('cosine_similarity'), '.4f')}"),
     Step("sustained", "Step 7 outcome: cooldown, soak, thermals (needs the compiled binary).", group="validation",

@@ -5,11 +5,10 @@ model's on the host, each limit judged on its KPI's 95 % interval."""
 from __future__ import annotations
 
 from harness.data import Dataset, Feed
-from harness.kpi import Limit
 from harness.models import Thresholds
 from harness.runner.client import DeviceRunner
 from harness.steps.context_binary import ContextBinary
-from harness.steps.inference import task_metric
+from harness.steps.inference import accuracy_limits, task_metric
 from harness.steps.ptq import compare_quantized, interval_rows, judge, resolution, resolution_note
 from harness.steps.report import StepReport
 
@@ -27,8 +26,7 @@ def validation_accuracy(ctx: ContextBinary, dataset: Dataset, reference: list[Fe
                    "executed_on": run.latency_source}
     report.kpis.pop("diagnosis", None)
     report.kpis["resolvable_drop"] = resolution(dataset, reference)
-    report.limits = [Limit("task_metric_drop", maximum=thresholds.max_task_metric_drop),
-                     Limit("cosine_similarity", minimum=thresholds.min_cosine_similarity)]
+    report.limits = accuracy_limits(thresholds, sqnr=False)
     if (note := resolution_note(len(run.outputs), report.kpis["resolvable_drop"], thresholds, inference_s)):
         report.notes.append(note)
     report.notes.extend(dataset.warnings)

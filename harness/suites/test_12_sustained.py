@@ -2,6 +2,8 @@
 
 import pytest
 
+from harness.reporting import charts
+
 pytestmark = pytest.mark.validation
 
 
@@ -9,4 +11,4 @@ pytestmark = pytest.mark.validation
 def test_sustained(sustained, check):
     report = check(sustained)
     assert report.kpis["windows"] >= 1 and report.kpis["telemetry_source"] in ("emulated", "measured")
-    assert report.artifacts["soak_chart"].is_file()
+    assert charts.ready(report.artifacts["soak_chart"])

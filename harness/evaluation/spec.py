@@ -1,0 +1,107 @@
+"""The `evaluation:` section of a model spec: labelled samples, the post-processing that turns a model's outputs
+into predictions, the task metric and its limit against the float model (MLPerf's form: a share of float)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from harness.errors import ConfigError
+from harness.user_code import is_reference, load_function, spec_relative
+
+# What each built-in post-processing yields, and what each built-in metric scores
+POSTPROCESS_YIELDS = {"argmax": "classes", "ctc_greedy": "text", "frames": "frames", "db_boxes": "boxes"}
+METRIC_TAKES = {"top1": ("classes",), "top5": ("classes",), "cer": ("text",), "word_accuracy": ("text",),
+                "f1": ("classes", "frames"), "hmean": ("boxes",)}
+DEFAULT_MIN_RATIO = 0.98  # MLPerf Mobile's classification target: 98 % of FP32, when the section sets no limit
+
+
+class EvaluationSection(BaseModel):
+    """The section as written in the spec file (paths relative to it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    data: str = Field(description="folder of samples: .npy (single-input models) or .npz keyed by input name")
+    labels: str = Field(description="CSV file,label: a sample file in `data` and its class index, text or boxes "
+                                    "(8 numbers each, separated by ';')")
+    postprocess: str = Field("argmax", description="argmax | ctc_greedy | frames | db_boxes | module.py:function")
+    charset: str | None = Field(None, description="ctc_greedy: the character list, one per line (CTC blank "
+                                                  "first; a space last when the output is one class wider)")
+    output: str | None = Field(None, description="the model output post-processed (default: the first)")
+    metric: str = Field(description="top1 | top5 | cer | word_accuracy | f1 | hmean | module.py:function")
+    report: list[str] = Field(default_factory=list, description="further built-in metrics reported beside it "
+                                                                  "(on the same predictions), not judged")
+    higher_is_better: bool | None = Field(None, description="a metric given as module.py:function: its direction")
+    min_ratio_to_float: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                             description="quantized task metric / float's (MLPerf's form)")
+    max_drop: float | None = Field(None, ge=0, allow_inf_nan=False,
+                                   description="quantized task metric worse than float's by at most this")
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """A model's task evaluation with its files resolved: where its labelled samples are, how outputs become
+    predictions and which metric scores them (built-in names, or 'file.py:function' with an absolute file)."""
+
+    data: Path
+    labels: Path
+    metric: str
+    postprocess: str = "argmax"
+    charset: Path | None = None
+    output: str | None = None
+    report: tuple[str, ...] = ()
+    higher_is_better: bool | None = None
+    spec: Path | None = None  # the spec file it came from (named in errors)
+
+    @property
+    def where(self) -> str:
+        """The spec file, for messages."""
+        return f"model spec {self.spec}" if self.spec else "evaluation"
+
+
+def resolve_evaluation(section: EvaluationSection, spec: Path) -> Evaluation:
+    """Return the section with its paths resolved against the spec's folder; raises ConfigError naming the spec
+    file and key for a missing file, an unknown post-processing or metric, a pair that does not fit (cer after
+    argmax), ctc_greedy without a charset, or a user function that cannot be loaded."""
+    base = spec.parent
+
+    def existing(key: str, value: str, folder: bool) -> Path:
+        path = (base / value).expanduser().resolve()
+        if not (path.is_dir() if folder else path.is_file()):
+            raise ConfigError(f"model spec {spec}: evaluation.{key} '{value}' is not a "
+                              f"{'folder' if folder else 'file'} ({path})")
+        return path
+
+    def function(key: str, value: str, known: dict | tuple) -> str:
+        if value in known:
+            return value
+        if not is_reference(value):
+            raise ConfigError(f"model spec {spec}: evaluation.{key} '{value}' is not a built-in "
+                              f"({', '.join(known)}) nor module.py:function")
+        reference = spec_relative(value, base)
+        load_function(reference, f"model spec {spec}: evaluation.{key}")
+        return reference
+
+    postprocess = function("postprocess", section.postprocess, POSTPROCESS_YIELDS)
+    metric = function("metric", section.metric, METRIC_TAKES)
+    unknown = [m for m in section.report if m not in METRIC_TAKES]
+    if unknown:
+        raise ConfigError(f"model spec {spec}: evaluation.report names {', '.join(unknown)}: not a built-in metric "
+                          f"({', '.join(METRIC_TAKES)})")
+    for key, name in (("metric", metric), *(("report", m) for m in section.report)):
+        yields, takes = POSTPROCESS_YIELDS.get(postprocess), METRIC_TAKES.get(name)
+        if yields and takes and yields not in takes:
+            raise ConfigError(f"model spec {spec}: evaluation.{key} {name} scores {' or '.join(takes)}, but "
+                              f"evaluation.postprocess {postprocess} yields {yields}")
+    if (postprocess == "ctc_greedy") != (section.charset is not None):
+        raise ConfigError(f"model spec {spec}: evaluation.charset is {'needed' if section.charset is None else 'only'}"
+                          f" for postprocess ctc_greedy (the characters of the output's classes, one per line)")
+    if section.higher_is_better is not None and metric in METRIC_TAKES:
+        raise ConfigError(f"model spec {spec}: evaluation.higher_is_better applies to a metric given as "
+                          f"module.py:function, not to the built-in {metric}")
+    return Evaluation(data=existing("data", section.data, True), labels=existing("labels", section.labels, False),
+                      metric=metric, postprocess=postprocess, output=section.output, report=tuple(section.report),
+                      charset=existing("charset", section.charset, False) if section.charset else None,
+                      higher_is_better=section.higher_is_better, spec=spec.resolve())

@@ -1,0 +1,141 @@
+"""A model's task evaluation at run time: outputs -> predictions -> the task metric, on float and quantized
+outputs of the same labelled samples, with the ratio to float (the KPI) and the intervals of all three.
+
+Intervals (harness.stats): for a metric that is a share of samples (top1, top5, word_accuracy) the metric's is
+Wilson's, the drop's Newcombe's paired difference (it does not collapse to [0, 0] when no sample changed) and
+the ratio's follows from the drop's (ratio = 1 - drop / float's value); for the others (cer, f1, a user's) a
+percentile bootstrap over samples, paired (float and quantized resampled together), given the metric's whole
+range below stats.MIN_BOOTSTRAP_SAMPLES samples.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from harness import stats
+from harness.errors import EvaluationError, HarnessError
+from harness.evaluation.metrics import Metric, metric_for
+from harness.evaluation.postprocess import Postprocess, postprocessor
+from harness.evaluation.spec import Evaluation
+from harness.kpi import Interval
+
+Outputs = list[dict[str, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class TaskEvaluation:
+    """The evaluation of one model: its post-processing and metric, and the sample files (for errors)."""
+
+    evaluation: Evaluation
+    metric: Metric
+    postprocess: Postprocess
+    samples: tuple[str, ...] = ()  # the file of each evaluation sample, in order
+    reported: tuple[Metric, ...] = ()  # the section's `report:` metrics, shown beside the KPI's
+
+    @classmethod
+    def of(cls, evaluation: Evaluation, samples: tuple[str, ...] = ()) -> "TaskEvaluation":
+        """Return the evaluation with its post-processing and metric loaded."""
+        return cls(evaluation, metric_for(evaluation), postprocessor(evaluation), samples,
+                   tuple(metric_for(evaluation, name) for name in evaluation.report))
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        """What the metric's values depend on besides outputs and labels (for cache keys)."""
+        charset = self.evaluation.charset
+        return {"metric": self.evaluation.metric, "postprocess": self.evaluation.postprocess,
+                "output": self.evaluation.output, "report": list(self.evaluation.report),
+                "charset": charset.read_bytes().hex() if charset is not None and charset.stat().st_size < 2**20
+                else str(charset)}
+
+    def _sample(self, k: int) -> str:
+        return self.samples[k] if k < len(self.samples) else f"#{k}"
+
+    def predictions(self, outputs: Outputs) -> list:
+        """Return each sample's prediction; raises EvaluationError naming the post-processing and the sample."""
+        found = []
+        for k, output in enumerate(outputs):
+            try:
+                found.append(self.postprocess(output))
+            except HarnessError as e:
+                raise EvaluationError(f"{e} (sample {self._sample(k)})") from None
+            except Exception as e:  # a user's post-processing raises what it raises
+                raise EvaluationError(f"{self.evaluation.where}: evaluation.postprocess {self.evaluation.postprocess} "
+                                      f"raised on sample {self._sample(k)}: {type(e).__name__}: {e}") from None
+        return found
+
+    def parsed(self, labels) -> list:
+        """Return the labels (text, as the CSV holds them) read as the metric reads them."""
+        return self.parsed_by(self.metric, labels)
+
+    @staticmethod
+    def parsed_by(metric: Metric, labels) -> list:
+        """Return the labels read as `metric` reads them."""
+        return [metric.parse(str(y)) for y in labels]
+
+    def _score(self, predictions: list, labels: list) -> float:
+        try:
+            return self.metric.value(predictions, labels)
+        except HarnessError:
+            raise
+        except Exception as e:
+            raise EvaluationError(f"{self.evaluation.where}: evaluation.metric {self.evaluation.metric} raised: "
+                                  f"{type(e).__name__}: {e}") from None
+
+    def value(self, outputs: Outputs, labels) -> float:
+        """Return the task metric of outputs against labels."""
+        return self._score(self.predictions(outputs), self.parsed(labels))
+
+    def compare(self, outputs: Outputs, reference: Outputs, labels) -> dict[str, Any]:
+        """Return the KPIs of quantized outputs against the float reference on the same labelled samples: the
+        metric on both, its drop and its ratio to float, and their intervals under "intervals"."""
+        truth = self.parsed(labels)
+        quantized, floating = self.predictions(outputs), self.predictions(reference)
+        metric = self.metric
+        q, f = self._score(quantized, truth), self._score(floating, truth)
+        ratio = metric.ratio(q, f)
+        intervals = self._intervals(quantized, floating, truth, f)
+        reported = {m.name: {"value": m.value(quantized, self.parsed_by(m, labels)),
+                             "float": m.value(floating, self.parsed_by(m, labels))} for m in self.reported}
+        return {"task_metric_name": metric.name, "task_metric": q, "float_task_metric": f,
+                "task_metric_drop": metric.drop(q, f), "task_metric_ratio": ratio,
+                "task_metric_higher_is_better": metric.higher_is_better,
+                **({"reported_task_metrics": reported} if reported else {}),
+                "intervals": {k: v.as_dict() for k, v in intervals.items()}}
+
+    def _intervals(self, quantized: list, floating: list, truth: list, f: float) -> dict[str, Interval]:
+        metric, n = self.metric, len(truth)
+        if metric.share:
+            q_ok = metric.table(quantized, truth)[:, 0] > 0
+            f_ok = metric.table(floating, truth)[:, 0] > 0
+            drop = stats.difference_of_proportions(f_ok, q_ok)
+            ratio = (Interval(1 - drop.high / f, 1 - drop.low / f, n, drop.method) if f > 0 else None)
+            return {"task_metric": stats.wilson(int(q_ok.sum()), n), "task_metric_drop": drop,
+                    **({"task_metric_ratio": ratio} if ratio is not None else {})}
+        if metric.parts is not None:
+            q_rows, f_rows = metric.table(quantized, truth), metric.table(floating, truth)
+
+            def values(idx: np.ndarray) -> tuple[float, float]:
+                return metric.of_parts(q_rows[idx]), metric.of_parts(f_rows[idx])
+        else:
+            def values(idx: np.ndarray) -> tuple[float, float]:
+                pick = [int(i) for i in idx]
+                return (metric.value([quantized[i] for i in pick], [truth[i] for i in pick]),
+                        metric.value([floating[i] for i in pick], [truth[i] for i in pick]))
+
+        def ratio_of(idx: np.ndarray) -> float:
+            r = metric.ratio(*values(idx))
+            return math.nan if r is None else r
+
+        builtin = metric.best is not None  # a built-in's range is known: [0, 1] (cer beyond 1 only on garbage)
+        worst = 0.0 if metric.higher_is_better else 1.0
+        top = metric.ratio(metric.best, f) if builtin else None
+        return {"task_metric": stats.bootstrap(lambda idx: values(idx)[0], n, bounds=(0.0, 1.0) if builtin else None),
+                "task_metric_drop": stats.bootstrap(lambda idx: metric.drop(*values(idx)), n,
+                                                    bounds=(metric.drop(metric.best, f), metric.drop(worst, f))
+                                                    if builtin else None),
+                "task_metric_ratio": stats.bootstrap(ratio_of, n, bounds=(0.0, top)
+                                                     if top is not None and math.isfinite(top) else None)}
