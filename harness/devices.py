@@ -73,6 +73,8 @@ class SocSpec(_Strict):
     int8_tops: float | None = Field(None, gt=0, description="NPU peak INT8 throughput, TOPS (for the latency estimate)")
     ddr_bandwidth_gbps: float | None = Field(None, gt=0, description="peak DRAM bandwidth, GB/s (for the estimate)")
     perf_source: str | None = Field(None, description="where int8_tops/ddr_bandwidth_gbps come from; which are estimates")
+    llm_memory_mb: float | None = Field(None, gt=0, description="memory an LLM's weights, KV cache and activations "
+                                        "may take on the HTP, MiB (for the LLM memory estimate)")
     thermal: SocThermal | None = Field(None, description="emulator thermal/power model parameters (not measurements)")
     id: str = ""
 

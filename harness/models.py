@@ -103,18 +103,25 @@ class Thresholds(BaseModel):
 
 
 class _LlmSpec(BaseModel):
-    """The `llm:` section of a model spec of kind llm (paths relative to the spec file)."""
+    """The `llm:` section of a model spec of kind llm (paths relative to the spec file): a published checkpoint
+    (`checkpoint:`, the graphs built by harness.llm.importer) or a pair already in Genie's convention."""
 
     model_config = ConfigDict(extra="forbid")
 
-    prefill: str = Field(description="the prefill graph (AR-N), ONNX, Genie's KV convention")
-    decode: str = Field(description="the decode graph (AR-1), ONNX, same tensor names")
-    tokenizer: str = Field(description="a Hugging Face tokenizers file (tokenizer.json)")
+    checkpoint: str | None = Field(None, description="a GGUF file or a Hugging Face directory (config.json, "
+                                                     "*.safetensors, tokenizer.json): the pair is built from it")
+    context_length: int = Field(128, ge=2, description="checkpoint: the graphs' context length CL")
+    prefill_ar: int = Field(32, ge=1, description="checkpoint: the prefill graph's tokens per call (AR-N)")
+    prefill: str | None = Field(None, description="the prefill graph (AR-N), ONNX, Genie's KV convention")
+    decode: str | None = Field(None, description="the decode graph (AR-1), ONNX, same tensor names")
+    tokenizer: str | None = Field(None, description="a Hugging Face tokenizers file (tokenizer.json)")
     eval_text: str | None = Field(None, description="held-out text for perplexity (UTF-8)")
     calib_text: str | None = Field(None, description="text whose activations calibrate quantization (UTF-8)")
-    prompts: list[str] = Field(default_factory=list, description="prompts for greedy agreement and Genie")
+    prompts: list[str] = Field(default_factory=list, description="prompts for greedy agreement and Genie (with a "
+                                                                 "checkpoint: user messages in its chat template)")
     max_new_tokens: int = Field(16, ge=1, description="tokens generated per prompt")
     stop_token: str | None = Field(None, description="the end-of-text token (stops generation)")
+    eval_windows: int = Field(48, ge=1, description="held-out windows of AR tokens scored for perplexity")
 
 
 class _SpecFile(BaseModel):
@@ -134,16 +141,21 @@ class _SpecFile(BaseModel):
 
 @dataclass(frozen=True)
 class LlmFiles:
-    """A language model's files: the Genie-convention graph pair, its tokenizer and texts."""
+    """A language model's files: the Genie-convention graph pair, its tokenizer and texts; or the checkpoint
+    the pair is built from (prefill, decode and tokenizer then None until harness.llm.importer builds them)."""
 
-    prefill: Path
-    decode: Path
-    tokenizer: Path
+    prefill: Path | None
+    decode: Path | None
+    tokenizer: Path | None
     eval_text: Path | None = None
     calib_text: Path | None = None
     prompts: tuple[str, ...] = ()
     max_new_tokens: int = 16
     stop_token: str | None = None
+    checkpoint: Path | None = None
+    context_length: int = 128
+    prefill_ar: int = 32
+    eval_windows: int = 48
 
 
 @dataclass(frozen=True)
@@ -301,6 +313,8 @@ def model_inputs(spec: ModelSpec, given_as: str = "") -> ModelInputs:
     if spec.is_zoo:
         zoo = importlib.import_module(f"harness.zoo.{spec.name}")
         names: tuple[str, ...] = tuple(getattr(zoo, "INPUT_NAMES", None) or (zoo.INPUT_NAME,))
+    elif spec.is_llm and spec.llm.checkpoint is not None:  # the graphs are built later: Genie's fixed inputs
+        names = ("input_ids", "attention_mask", "position_ids")
     elif spec.is_llm:
         names = tuple(i.name for i in graph_inputs(load_onnx(spec.llm.prefill)))
     else:
@@ -445,12 +459,23 @@ def _llm_spec(path: Path, spec: _SpecFile, calib_data: Path | None) -> ModelSpec
             raise ModelError(f"model spec {path}: llm.{key} '{value}' does not exist ({resolved})")
         return resolved
 
+    pair = (llm.prefill, llm.decode, llm.tokenizer)
+    if (llm.checkpoint is None) == (None in pair) or (llm.checkpoint is not None and any(pair)):
+        raise ConfigError(f"model spec {path}: the `llm:` section names either `checkpoint:` (a GGUF file or a "
+                          "Hugging Face directory) or all of `prefill:`, `decode:` and `tokenizer:` (a pair in "
+                          "Genie's convention)")
+    checkpoint = None
+    if llm.checkpoint is not None:
+        checkpoint = (path.parent / llm.checkpoint).resolve()
+        if not checkpoint.exists():
+            raise ModelError(f"model spec {path}: llm.checkpoint '{llm.checkpoint}' does not exist ({checkpoint})")
     files = LlmFiles(prefill=resolve("prefill", llm.prefill), decode=resolve("decode", llm.decode),
                      tokenizer=resolve("tokenizer", llm.tokenizer), eval_text=resolve("eval_text", llm.eval_text),
                      calib_text=resolve("calib_text", llm.calib_text), prompts=tuple(llm.prompts),
-                     max_new_tokens=llm.max_new_tokens, stop_token=llm.stop_token)
-    return ModelSpec(name=spec.name or _name_from_path(files.prefill), source=str(path.resolve()), path=None,
-                     calib_data=calib_data, thresholds=spec.thresholds, kind="llm", llm=files)
+                     max_new_tokens=llm.max_new_tokens, stop_token=llm.stop_token, checkpoint=checkpoint,
+                     context_length=llm.context_length, prefill_ar=llm.prefill_ar, eval_windows=llm.eval_windows)
+    return ModelSpec(name=spec.name or _name_from_path(checkpoint or files.prefill), source=str(path.resolve()),
+                     path=None, calib_data=calib_data, thresholds=spec.thresholds, kind="llm", llm=files)
 
 
 def load_onnx(path: Path) -> "onnx.ModelProto":

@@ -16,7 +16,7 @@ if [ ${#need[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
 fi
-python3 -m pip install -q -e '.[test]'
+python3 -m pip install -q -e '.[test,llm-reference]'
 if command -v npm >/dev/null 2>&1; then
   npm ci --prefix tools/allure --no-audit --no-fund --loglevel=error >/dev/null
 else

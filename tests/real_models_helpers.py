@@ -32,7 +32,8 @@ def corpus_names() -> list[str]:
 
 
 def _find(name: str, where) -> Path:
-    if name not in corpus.load_manifest().models:
+    manifest = corpus.load_manifest()
+    if name not in manifest.models and name not in manifest.llms:
         raise KeyError(f"{name} is not a corpus model (harness/corpus.yaml lists: {', '.join(corpus_names())})")
     for root in corpus_dirs():
         path = where(root, name)
@@ -44,6 +45,11 @@ def _find(name: str, where) -> Path:
 def real_model_path(name: str) -> Path:
     """Return the ONNX file of corpus model `name`, skipping the test when it has not been fetched."""
     return _find(name, corpus.model_path)
+
+
+def real_llm_checkpoint(name: str) -> Path:
+    """Return the checkpoint (GGUF) of corpus language model `name`, skipping the test when it has not been fetched."""
+    return _find(name, corpus.llm_checkpoint_path)
 
 
 def real_model_spec(name: str) -> Path:

@@ -32,13 +32,13 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("what is onboarded where: devices and SoCs, models, data, the cache, the conversion transforms, the emulated "
      "devices, the built-in models",
      _modules("devices models target data cache cache_check quantization quantization.* convert convert.* evaluation "
-              "evaluation.* qnn_ops qnn_errors placement profiling estimate emulator emulator.* zoo zoo.* llm llm.gpt "
-              "llm.convention llm.text "
-              "llm.export model_sources")),
+             "evaluation.* qnn_ops qnn_errors placement profiling estimate emulator emulator.* zoo zoo.* llm llm.gpt "
+             "llm.convention llm.text llm.export llm.checkpoint llm.gguf_reader llm.hf_reader llm.llama llm.importer "
+             "llm.memory model_sources")),
     ("transports", _modules("transports transports.* soc_detect telemetry farm.cooldown")),
     ("runner", _modules("runner.base runner.client runner.server_client runner.qnn_net_run farm farm.* sizing")),
     ("steps", _modules("steps steps.* soak reporting.charts baseline latency_ab llm.calibration llm.device "
-                       "llm.steps llm.genie_steps llm.genie_config")),
+                       "llm.steps llm.genie_steps llm.genie_config llm.reference llm.ceiling")),
     ("pipelines", _modules("pipeline_base pipeline llm.pipeline")),
     ("session and reports", _modules("session reporting.allure reporting.summary reporting.report_cli signoff "
                                      "signoff.* profile_view corpus corpus_data")),

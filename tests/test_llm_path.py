@@ -98,7 +98,11 @@ def test_a_user_pair_from_a_kind_llm_spec_converts_places_and_compiles(run_suite
                                "llm_conversion or llm_feasibility or llm_context_binary")
     result.assert_outcomes(passed=3)
     assert steps["llm_conversion"]["kpis"]["prefill_ar"] == 8 and steps["llm_conversion"]["kpis"]["context_length"] == 32
-    assert steps["llm_feasibility"]["kpis"]["decode_htp_fraction"] == 1.0
+    feas = steps["llm_feasibility"]["kpis"]
+    assert feas["decode_htp_fraction"] == 1.0
+    assert feas["memory_footprint_bytes"] == feas["weights_bytes"] + feas["kv_cache_bytes"] + feas["activation_bytes"]
+    assert 0 < feas["memory_of_soc_budget"] < 0.01 and feas["max_context_length_in_budget"] > 32
+    assert feas["memory_basis"].startswith("estimate: ") and feas["activation_bytes"] > 0
     assert steps["llm_context_binary"]["kpis"]["decode_context_bytes"] > 0
 
 

@@ -14,7 +14,7 @@ import onnx
 from harness import model_sources
 from harness.cache import content_key
 from harness.errors import ConfigError, StepError
-from harness.llm import calibration, convention, genie_steps, steps, text
+from harness.llm import calibration, ceiling, convention, genie_steps, importer, reference, steps, text
 from harness.llm.device import FloatJudge
 from harness.llm.genie_config import write_bundle
 from harness.llm.steps import GRAPHS, Pair
@@ -23,7 +23,6 @@ from harness.pipeline_base import PipelineBase, memoized
 from harness.steps import context_binary, conversion, feasibility, ptq
 from harness.steps.report import StepReport
 
-EVAL_WINDOWS = 48  # held-out windows of AR tokens scored for perplexity (~1,500 tokens for tiny_gpt)
 CALIBRATION_SEQUENCES = 8
 
 
@@ -37,9 +36,11 @@ class LlmOnboarding(PipelineBase):
 
     @memoized
     def llm_files(self) -> LlmFiles:
-        """The model's files (the built-in model trained, exported and cached on first use)."""
+        """The model's files (the built-in model trained, exported and cached on first use; a checkpoint's pair
+        built and cached on first use)."""
         self._require_llm()
-        return model_sources.llm_files(self.target.model, self.cache)
+        files = model_sources.llm_files(self.target.model, self.cache)
+        return importer.import_files(files, self.cache) if files.checkpoint is not None else files
 
     @memoized
     def llm_source_pair(self) -> convention.PairInfo:
@@ -99,7 +100,8 @@ class LlmOnboarding(PipelineBase):
         key = f"llm_quantized_{recipe}"
         if key not in self._memo:
             cal, floats = self.llm_calibration(), self.llm_float_pair()
-            quant = calibration.pair_recipe(recipe, cal, self.llm_pair(), floats.prefill)
+            quant = calibration.pair_recipe(recipe, cal, self.llm_pair(), floats.prefill,
+                                            per_channel_weights=self.llm_files().checkpoint is not None)
             self._memo[key] = Pair(*(ptq.quantize(floats.graph(g), cal.feeds(g), quant, self.cache) for g in GRAPHS))
         return self._memo[key]
 
@@ -112,26 +114,36 @@ class LlmOnboarding(PipelineBase):
 
     @memoized
     def llm_conversion(self) -> StepReport:
-        """LLM Step 2: both graphs converted, the pair still in Genie's convention."""
-        return steps.llm_conversion(self.llm_conversions(), self.llm_pair())
+        """LLM Step 2: both graphs converted, the pair still in Genie's convention; an imported checkpoint's float
+        pair against the independent reference (transformers) on the prompts."""
+        report = steps.llm_conversion(self.llm_conversions(), self.llm_pair())
+        files = self.llm_files()
+        if files.checkpoint is not None:
+            floats = self.llm_float_pair()
+            prompts = [list(p.ids) for p in self.llm_prompts()]
+            reference.add_reference(report, floats.prefill, floats.decode, files.prefill, files.checkpoint, prompts,
+                                    self.cache)
+        return report
 
     @memoized
     def llm_feasibility(self) -> StepReport:
-        """LLM Step 1: each graph's quantized placement on the HTP, and the KV cache and weights in the budget."""
+        """LLM Step 1: each graph's quantized placement on the HTP; weights, KV cache and activations in the spec's
+        and the SoC's memory budgets."""
         floats, shipped = self.llm_float_pair(), self.llm_quantized(self.llm_recipe)
         placements = {g: feasibility.check_feasibility(floats.graph(g), self.target.soc, self.runner,
                                                        self.target.model.thresholds, quantized_model=shipped.graph(g))
                       for g in GRAPHS}
         weights = feasibility.weights_bytes(onnx.load(str(shipped.prefill)))
         act_bytes = 2 if calibration.LLM_RECIPES[self.llm_recipe].activation_type == "QUInt16" else 1
-        return steps.llm_feasibility(placements, self.llm_pair(), weights, act_bytes, self.target.model.thresholds)
+        return steps.llm_feasibility(placements, self.llm_pair(), weights, act_bytes, self.target.soc,
+                                     self.target.model.thresholds, importer.trained_context(self.llm_files()))
 
     @memoized
     def llm_accuracy(self) -> StepReport:
         """LLM Step 3: perplexity on host and HTP, greedy agreement, the recipe sweep."""
         files, tokenizer, pair = self.llm_files(), self.llm_tokenizer(), self.llm_pair()
         ids = text.token_ids(tokenizer, text.read_text(files.eval_text, "eval"))
-        windows = text.nll_windows(ids, pair.prefill_ar, EVAL_WINDOWS)
+        windows = text.nll_windows(ids, pair.prefill_ar, files.eval_windows)
         prompts = text.prompts(files, tokenizer, pair.context_length, files.max_new_tokens)
         quantized = {name: self.llm_quantized(name) for name in calibration.LLM_RECIPES}
         return steps.llm_accuracy(self.llm_float_pair(), quantized, self.llm_recipe, windows, prompts,
@@ -172,9 +184,14 @@ class LlmOnboarding(PipelineBase):
         judge = FloatJudge(floats.prefill, floats.decode, self.target.model.thresholds.greedy_tie_margin)
         prompts = self.llm_prompts()
         reference = self.llm_accuracy().kpis["float_generations"]
-        return genie_steps.genie_runtime(self.runner, device, prompts, files.max_new_tokens, judge, reference,
-                                         self.llm_tokenizer(), pair.context_length, self.target.model.thresholds,
-                                         self._run_dir("genie_runtime"))
+        report = genie_steps.genie_runtime(self.runner, device, prompts, files.max_new_tokens, judge, reference,
+                                           self.llm_tokenizer(), pair.context_length, self.target.model.thresholds,
+                                           self._run_dir("genie_runtime"))
+        act_bytes = 2 if calibration.LLM_RECIPES[self.llm_recipe].activation_type == "QUInt16" else 1
+        report.kpis |= ceiling.decode_ceiling(self.llm_quantized(self.llm_recipe).decode,
+                                              steps.kv_cache_bytes(pair, act_bytes), self.target.soc,
+                                              report.kpis.get("tokens_per_s"))
+        return report
 
     @memoized
     def genie_stress(self) -> StepReport:

@@ -1,7 +1,7 @@
 """The LLM path's steps (kind-llm models): plain functions from the graph pair's artifacts to StepReports.
 
 llm_feasibility   both graphs' placement on the HTP (quantized form, CPU fallback disabled and allowed),
-                  KV cache and weights against the memory budget
+                  weights, KV cache and activations against the spec's and the SoC's memory budgets (estimate)
 llm_conversion    both graphs converted (shape fixing, folding, the Erf GELU fused), the pair's convention
 llm_accuracy      perplexity of held-out text on the host (float, QDQ emulation) and the HTP, greedy-token
                   agreement with the float model, and the recipe sweep (w8a16, w8a8, w4a16)
@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from harness.kpi import INTERVALS_KEY, Limit
-from harness.llm import convention
+from harness.devices import SocSpec
+from harness.llm import convention, memory
 from harness.llm.device import FloatJudge, device_generate, device_nll, host_nll, matched_prefix
 from harness.llm.text import TokenizedPrompt
 from harness.models import Thresholds
@@ -48,14 +49,20 @@ def kv_cache_bytes(pair: convention.PairInfo, element_bytes: int) -> int:
 
 
 def llm_feasibility(placements: dict[str, StepReport], pair: convention.PairInfo, weights_bytes: int,
-                    activation_bytes: int, thresholds: Thresholds) -> StepReport:
+                    element_bytes: int, soc: SocSpec, thresholds: Thresholds,
+                    trained_context: int | None = None) -> StepReport:
     """Return the LLM feasibility report from each graph's Step 1 placement report (harness.steps.feasibility),
-    with the KV cache (at the activations' width) and the shared weights held to the memory budget."""
+    with the weights, the KV cache and the largest activation (both at the activations' width) held to the spec's
+    memory budget and, as an estimate, to the SoC's (with the largest context that fits it)."""
     report = StepReport("llm_feasibility")
-    kv = kv_cache_bytes(pair, activation_bytes)
+    kv = kv_cache_bytes(pair, element_bytes)
+    # the float graphs' activations are float32: the largest at the shipped recipe's activation width
+    act_name, act_bytes = max(((s.kpis.get("largest_activation", ""), s.kpis.get("largest_activation_bytes", 0))
+                               for s in placements.values()), key=lambda a: a[1], default=("", 0))
     report.kpis = {"layers": pair.layers, "heads": pair.heads, "head_dim": pair.head_dim,
                    "context_length": pair.context_length, "prefill_ar": pair.prefill_ar, "vocab": pair.vocab,
-                   "kv_cache_bytes": kv, "weights_bytes": weights_bytes, "memory_footprint_bytes": kv + weights_bytes}
+                   "kv_cache_bytes": kv, "weights_bytes": weights_bytes, "largest_activation": act_name}
+    report.kpis |= memory.memory_kpis(pair, weights_bytes, kv, act_bytes // 4 * element_bytes, soc, trained_context)
     for name, sub in placements.items():
         for key in ("htp_fraction", "nodes_on_htp", "nodes_total", "unsupported_ops", "boundary_qdq_on_cpu",
                     "form_checked"):
@@ -66,6 +73,8 @@ def llm_feasibility(placements: dict[str, StepReport], pair: convention.PairInfo
         report.tables[f"{name}_op_placement"] = sub.tables.get("op_placement", [])
         report.limits.append(Limit(f"{name}_htp_fraction", minimum=thresholds.min_htp_fraction, marginal=0.0))
     report.limits.append(Limit("memory_footprint_bytes", maximum=thresholds.memory_budget_mb * 1024 * 1024))
+    if "memory_of_soc_budget" in report.kpis:
+        report.limits.append(Limit("memory_of_soc_budget", maximum=1.0, detail=f"estimate, {soc.id}'s LLM budget"))
     return report
 
 

@@ -284,12 +284,20 @@ STEPS: tuple[Step, ...] = (
          "baseline directory has no file for this device x model.", skip=_regression_skip, run=_regression,
          scope="function", headline=lambda k: f"regressed: {', '.join(k.get('regressed') or []) or 'none'}"),
     Step("llm_conversion", "LLM Step 2 outcome: both graphs converted.", group="llm", markers=("llm",),
+         page_kpis=("layers", "context_length", "prefill_ar", "vocab", "prefill_nodes_after", "decode_nodes_after",
+                    "prefill_equivalence_cosine", "decode_equivalence_cosine", "reference", "reference_top1_agreement",
+                    "reference_cosine_min", "import_s"),
          headline=lambda k: f"prefill {k.get('prefill_nodes_after', '?')} / decode {k.get('decode_nodes_after', '?')} "
                             f"nodes, AR-{k.get('prefill_ar', '?')} CL-{k.get('context_length', '?')}"),
     Step("llm_feasibility", "LLM Step 1 outcome (needs conversion: placement is checked on what ships).",
          group="llm", requires=(passed("llm_conversion"),), markers=("llm",),
+         page_kpis=("prefill_htp_fraction", "decode_htp_fraction", "weights_bytes", "kv_cache_bytes",
+                    "activation_bytes", "memory_footprint_bytes",
+                    "memory_of_soc_budget", "max_context_length_in_budget", "trained_context_length", "memory_basis"),
          headline=lambda k: f"HTP share {num(k.get('prefill_htp_fraction'), '.0%')} / "
-                            f"{num(k.get('decode_htp_fraction'), '.0%')}, KV cache {_mib(k, 'kv_cache_bytes')} MiB"),
+                            f"{num(k.get('decode_htp_fraction'), '.0%')}, KV cache {_mib(k, 'kv_cache_bytes')} MiB, "
+                            f"largest context in the SoC's memory {k.get('max_context_length_in_budget', '-')} "
+                            "(estimate)"),
     Step("llm_accuracy", "LLM Step 3 outcome (needs feasibility).", group="llm",
          requires=(passed("llm_feasibility"),), markers=("llm",),
          page_kpis=("recipe", "perplexity_float_host", "perplexity_qdq_host", "perplexity_htp",
@@ -304,7 +312,7 @@ STEPS: tuple[Step, ...] = (
          "accuracy).", group="llm", requires=(passed("llm_context_binary"), ran("llm_accuracy")), markers=("llm",),
          page_kpis=("driver", "context_length", "init_time_ms", "time_to_first_token_ms_min",
                     "time_to_first_token_ms_max", "prompt_tokens_per_s", "tokens_per_s", "genie_prefix_tokens_min",
-                    "source"),
+                    "source", "decode_bandwidth_ceiling_tokens_per_s", "tokens_per_s_of_bandwidth_ceiling"),
          headline=lambda k: f"{num(k.get('tokens_per_s'), '.1f')} tokens/s, first token "
                             f"{num(k.get('time_to_first_token_ms_min'), '.0f')}-"
                             f"{num(k.get('time_to_first_token_ms_max'), '.0f')} ms ({k.get('source', '?')})"),

@@ -1,5 +1,5 @@
-"""LLM path, Step 1: both graphs run on the HTP (quantized, CPU fallback disabled and allowed); the KV cache and
-the weights fit the memory budget."""
+"""LLM path, Step 1: both graphs run on the HTP (quantized, CPU fallback disabled and allowed); the weights, the KV
+cache and the activations fit the spec's memory budget and (an estimate) the SoC's."""
 
 import pytest
 

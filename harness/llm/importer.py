@@ -1,0 +1,137 @@
+"""A kind-llm model from a published checkpoint: read it (a GGUF file or a Hugging Face directory), build Genie's
+graph pair (harness.llm.llama) and the tokenizer files, and fill what the spec leaves out.
+
+The import is cached per checkpoint content, context length and prefill AR: a cache entry ``llm-import/<key>``
+holds prefill.onnx, decode.onnx, tokenizer.json, tokenizer_config.json (the chat template, bos and eos tokens,
+as Hugging Face lays them out), calib.txt and eval.txt (the defaults), prompts.json and import.json (the
+checkpoint's config and the import's timings). Defaults: calibration and evaluation text from the Python
+documentation every CPython ships (``pydoc_data.topics``), user prompts in the checkpoint's chat template, the
+eos token as the stop token.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from harness.cache import ArtifactCache
+from harness.errors import ModelError
+from harness.files import sha256_file, write_atomically
+from harness.llm.checkpoint import Checkpoint
+from harness.llm.gguf_reader import read_gguf
+from harness.llm.hf_reader import read_hf
+from harness.llm.llama import LlamaGraphs
+from harness.models import LlmFiles
+
+__all__ = ["DEFAULT_PROMPTS", "IMPORT_FILE", "checkpoint_digest", "chat_prompt", "import_files", "read_checkpoint",
+           "trained_context", "write_import"]
+
+IMPORT_VERSION = 2  # bump when the graphs or files an import writes change
+IMPORT_FILE = "import.json"
+DEFAULT_PROMPTS = ("What is the capital of France?", "Name three primary colors.",
+                   "How many legs does a spider have?", "Write one sentence about the sea.")
+
+
+def read_checkpoint(path: Path) -> Checkpoint:
+    """Return the checkpoint at path: a .gguf file or a Hugging Face directory (ModelError when unreadable)."""
+    path = Path(path)
+    if path.is_dir():
+        return read_hf(path)
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return read_gguf(path)
+    if not path.exists():
+        raise ModelError(f"llm.checkpoint {path}: no such file or directory (a .gguf file or a Hugging Face "
+                         "directory with config.json)")
+    raise ModelError(f"llm.checkpoint {path}: neither a .gguf file nor a Hugging Face directory (config.json, "
+                     "*.safetensors, tokenizer.json)")
+
+
+def checkpoint_digest(path: Path) -> str:
+    """Return the sha256 of a checkpoint file, or of a directory's files (names and contents, sorted)."""
+    path = Path(path)
+    if path.is_file():
+        return sha256_file(path)
+    h = hashlib.sha256()
+    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        h.update(f"{file.relative_to(path)}\0{sha256_file(file)}\0".encode())
+    return h.hexdigest()
+
+
+def chat_prompt(checkpoint: Checkpoint, message: str) -> str:
+    """Return a user message as the checkpoint's chat template renders it for generation (the message itself
+    when the checkpoint has no template)."""
+    if not checkpoint.chat_template:
+        return message
+    from jinja2 import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    try:
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        return env.from_string(checkpoint.chat_template).render(
+            messages=[{"role": "user", "content": message}], add_generation_prompt=True,
+            bos_token=checkpoint.bos_token or "", eos_token=checkpoint.eos_token or "")
+    except TemplateError as e:
+        raise ModelError(f"{checkpoint.path}: the chat template does not render ({type(e).__name__}: {e})") from None
+
+
+def default_texts() -> tuple[str, str]:
+    """Return (calibration text, evaluation text): the Python documentation's topics, every 8th held out."""
+    from pydoc_data.topics import topics
+
+    names = sorted(topics)
+    held_out = set(names[::8])
+    return ("\n\n".join(topics[n] for n in names if n not in held_out),
+            "\n\n".join(topics[n] for n in names if n in held_out))
+
+
+def write_import(checkpoint: Checkpoint, out: Path, context: int, prefill_ar: int, prompts: tuple[str, ...]) -> dict:
+    """Write the pair, tokenizer files, default texts and prompts of checkpoint into out; return import.json's
+    content (the config and the build's seconds)."""
+    start = time.perf_counter()
+    graphs = LlamaGraphs(checkpoint, context)
+    graphs.write(prefill_ar, out / "prefill.onnx")
+    graphs.write(1, out / "decode.onnx")
+    build_s = time.perf_counter() - start
+    write_atomically(out / "tokenizer.json", checkpoint.tokenizer_json.encode())
+    config = {"chat_template": checkpoint.chat_template, "bos_token": checkpoint.bos_token,
+              "eos_token": checkpoint.eos_token}
+    write_atomically(out / "tokenizer_config.json", json.dumps(config, indent=1).encode())
+    calib, evaluation = default_texts()
+    write_atomically(out / "calib.txt", calib.encode())
+    write_atomically(out / "eval.txt", evaluation.encode())
+    rendered = [chat_prompt(checkpoint, p) for p in prompts or DEFAULT_PROMPTS]
+    write_atomically(out / "prompts.json", json.dumps(rendered, indent=1).encode())
+    return {"checkpoint": str(checkpoint.path), "config": asdict(checkpoint.config), "context_length": context,
+            "prefill_ar": prefill_ar, "graph_build_s": round(build_s, 2)}
+
+
+def import_files(files: LlmFiles, cache: ArtifactCache) -> LlmFiles:
+    """Return the files of a checkpoint spec with the pair, tokenizer and defaults built (cached per content)."""
+    key = hashlib.sha256(json.dumps([IMPORT_VERSION, checkpoint_digest(files.checkpoint), files.context_length,
+                                     files.prefill_ar, list(files.prompts)]).encode()).hexdigest()[:20]
+
+    def build(out: Path) -> None:
+        start = time.perf_counter()
+        checkpoint = read_checkpoint(files.checkpoint)
+        read_s = time.perf_counter() - start
+        info = write_import(checkpoint, out, files.context_length, files.prefill_ar, files.prompts)
+        info |= {"read_s": round(read_s, 2), "import_s": round(time.perf_counter() - start, 2)}
+        write_atomically(out / IMPORT_FILE, json.dumps(info, indent=1).encode())
+
+    entry = cache.entry("llm-import", key, build).path
+    stop = files.stop_token or json.loads((entry / "tokenizer_config.json").read_text())["eos_token"]
+    return replace(files, prefill=entry / "prefill.onnx", decode=entry / "decode.onnx",
+                   tokenizer=entry / "tokenizer.json", eval_text=files.eval_text or entry / "eval.txt",
+                   calib_text=files.calib_text or entry / "calib.txt",
+                   prompts=tuple(json.loads((entry / "prompts.json").read_text())), stop_token=stop)
+
+
+def trained_context(files: LlmFiles) -> int | None:
+    """Return the context an imported checkpoint was trained for (its config's max_positions); None for a pair
+    brought as graphs."""
+    if files.checkpoint is None or files.prefill is None:
+        return None
+    return json.loads((files.prefill.parent / IMPORT_FILE).read_text())["config"].get("max_positions")
