@@ -128,6 +128,11 @@ class TimedRunner(DeviceRunner):
         return ACTIVITY.total("device runner")
 
 
+def share(part: float, whole: float) -> str:
+    """Return part as a percentage of whole, or 'n/a' when whole is nothing (no device run: a refused model)."""
+    return f"{100 * part / whole:.0f} %" if whole > 0.05 else "n/a (no device run)"
+
+
 def run_step(ob: Onboarding, step: str):
     """Return (outcome, message) of one step called on the pipeline."""
     try:
@@ -198,11 +203,11 @@ def bench(name: str, root: Path, device_id: str, devices, cache: ArtifactCache, 
         host = {c: ACTIVITY.total(c) - host0.get(c, 0.0) for c in sorted(set(HOST_KINDS.values()))}
         anything = ACTIVITY.total("*") - any0
         overhead = wall - anything
-        print(f"   outside the device runner: {wall - busy:.1f} s = {100 * (wall - busy) / max(busy, 1e-9):.0f} % on top "
+        print(f"   outside the device runner: {wall - busy:.1f} s = {share(wall - busy, busy)} on top "
               f"of the device runs; of it host work a user's flow needs too: "
               + ", ".join(f"{c} {t:.1f} s" for c, t in host.items() if t >= 0.05)
               + f"; the harness's own overhead (staging, comparing, reporting): {overhead:.1f} s = "
-              f"{100 * overhead / max(busy, 1e-9):.0f} % (goal < 10 %); {'within' if wall < 600 else 'OVER'} 10 minutes")
+              f"{share(overhead, busy)} (goal < 10 %); {'within' if wall < 600 else 'OVER'} 10 minutes")
         if with_folding and not skip:
             print(f"   folding (QDQ form on the HTP): {folding(ob, runner)}")
         return name, wall, busy, anything - busy, overhead
@@ -221,6 +226,8 @@ def start_up() -> float:
     import onnxruntime.quantization  # noqa: F401
     import onnxslim  # noqa: F401
     import scipy.stats  # noqa: F401
+    with contextlib.suppress(ImportError):  # the AIMET step's library, when installed (it brings torch)
+        import aimet_onnx  # noqa: F401
     return time.perf_counter() - started
 
 
@@ -241,14 +248,14 @@ def main() -> None:
         sys.exit(f"not fetched: {', '.join(missing)}; run `python -m harness corpus fetch`")
     devices = load_devices_file(REPO / "devices.yaml")
     print(f"process start-up, once per run (not per model): {start_up():.1f} s importing onnx, onnxruntime, "
-          "its quantizer, onnxslim, scipy and matplotlib")
+          "its quantizer, onnxslim, scipy, matplotlib and (when installed) aimet_onnx")
     with tempfile.TemporaryDirectory(prefix="bench-real-") as tmp:
         work = Path(tmp)
         cache = TimedCache(Path(args.cache_dir) if args.cache_dir else work / "cache")
         summary = [bench(name, root, args.device, devices, cache, work, args.folding) for name in names]
     print(f"\n{'model':18s} {'wall s':>7s} {'runner s':>8s} {'host work s':>11s} {'overhead s':>10s} {'overhead %':>10s}")
     for name, wall, busy, host, overhead in summary:
-        print(f"{name:18s} {wall:7.1f} {busy:8.1f} {host:11.1f} {overhead:10.1f} {100 * overhead / max(busy, 1e-9):10.0f}"
+        print(f"{name:18s} {wall:7.1f} {busy:8.1f} {host:11.1f} {overhead:10.1f} {share(overhead, busy):>10s}"
               f"{'  OVER 10 min' if wall >= 600 else ''}")
     total = sum(row[1] for row in summary)
     print(f"{'all':18s} {total:7.1f}  (goal: each model under 600 s; the harness's own overhead under 10 %)")
