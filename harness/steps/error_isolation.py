@@ -185,7 +185,6 @@ def compare_layers(float_model: Path, float_acts: dict[str, list[np.ndarray]],
     with ThreadPoolExecutor(2, thread_name_prefix="compare-layers") as pool:  # numpy releases the GIL: 2 cores
         stats = dict(zip(compared, pool.map(lambda t: _tensor_stats(float_acts[t], htp_acts[t], host_acts[t]),
                                             compared)))
-    cos_htp = {t: s["cosine_htp"] for t, s in stats.items()}
     upstream_memo: dict[str, tuple[frozenset, frozenset]] = {}
 
     def upstream(tensor: str) -> tuple[frozenset, frozenset]:
@@ -209,12 +208,12 @@ def compare_layers(float_model: Path, float_acts: dict[str, list[np.ndarray]],
     for index, tensor in enumerate(compared):
         ups, fused = upstream(tensor)
         node = producer.get(tensor)
-        up_cos = min((cos_htp[u] for u in ups), default=1.0)
+        up_cos = min((stats[u]["cosine_htp"] for u in ups), default=1.0)
         rows.append(LayerStats(
             index=index, node=(node.name or tensor) if node is not None else f"input:{tensor}",
             op_type=node.op_type if node is not None else "Input", tensor=tensor, bitwidth=bits[tensor],
             **stats[tensor], upstream_cosine=up_cos,
-            cosine_drop=up_cos - cos_htp[tensor],
+            cosine_drop=up_cos - stats[tensor]["cosine_htp"],
             fused_tensors=";".join(t for t in order if t in fused),
             upstream_tensors=";".join(t for t in order if t in ups)))
     not_compared = sum(1 for t in order if t not in compared_set)
