@@ -54,8 +54,33 @@ def bootstrap(statistic: Callable[[np.ndarray], float], n: int, confidence: floa
     if n <= 1:
         value = float(statistic(np.arange(n))) if n == 1 else math.nan
         return Interval(value, value, n, "bootstrap", confidence)
-    rng = np.random.default_rng(seed)
-    values = np.array([statistic(rng.integers(0, n, n)) for _ in range(resamples)], dtype=np.float64)
+    values = np.array([statistic(idx) for idx in _resamples(n, resamples, seed)], dtype=np.float64)
+    return _percentile_interval(values, n, confidence)
+
+
+def bootstrap_of_sums(rows: np.ndarray, statistic: Callable[[np.ndarray], float], confidence: float = CONFIDENCE,
+                      resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED,
+                      bounds: tuple[float, float] | None = None) -> Interval:
+    """Return bootstrap()'s interval of a statistic of the column totals of rows (one row of sums per sample, such
+    as metrics.sample_sums): the same resamples, each resample's totals taken in one matrix product instead of a
+    gather and a sum per resample (a sweep or a mixed-precision search takes dozens of these intervals)."""
+    n = len(rows)
+    if (bounds is not None and 1 < n < MIN_BOOTSTRAP_SAMPLES) or n <= 1:
+        return bootstrap(lambda idx: statistic(rows[idx].sum(axis=0)), n, confidence, resamples, seed, bounds)
+    indices = _resamples(n, resamples, seed)
+    counts = np.bincount((indices + n * np.arange(resamples)[:, None]).ravel(), minlength=resamples * n)
+    totals = counts.reshape(resamples, n).astype(np.float64) @ np.asarray(rows, dtype=np.float64)
+    return _percentile_interval(np.array([statistic(t) for t in totals], dtype=np.float64), n, confidence)
+
+
+def _resamples(n: int, resamples: int, seed: int) -> np.ndarray:
+    """Return the bootstrap's resamples of range(n), one per row: indices drawn with replacement from a seeded
+    generator in one call (the same draws as one call per resample)."""
+    return np.random.default_rng(seed).integers(0, n, (resamples, n))
+
+
+def _percentile_interval(values: np.ndarray, n: int, confidence: float) -> Interval:
+    """Return the expanded percentile interval of resampled statistic values (non-finite ones left out)."""
     values = values[np.isfinite(values)] if np.isfinite(values).any() else values
     alpha = _expanded_alpha(n, confidence)
     return Interval(float(np.quantile(values, alpha)), float(np.quantile(values, 1 - alpha)), n, "bootstrap",

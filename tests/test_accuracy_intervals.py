@@ -83,6 +83,17 @@ def test_bootstrap_is_reproducible_and_brackets_the_value():
     assert a == b and a.low < values.mean() < a.high and a.method == "bootstrap"
 
 
+@pytest.mark.parametrize("n", [1, 2, 4, 9, 360])
+def test_bootstrap_of_sums_is_the_bootstrap_of_the_resamples_totals(n):
+    from harness.metrics import cosine_from_sums, sqnr_from_sums
+
+    rows = np.abs(np.random.default_rng(n).normal(size=(n, 4))) + 0.1
+    for statistic, bounds in ((cosine_from_sums, (-1.0, 1.0)), (sqnr_from_sums, None)):
+        plain = stats.bootstrap(lambda idx: statistic(rows[idx].sum(axis=0)), n, bounds=bounds)
+        fast = stats.bootstrap_of_sums(rows, statistic, bounds=bounds)
+        assert (fast.low, fast.high, fast.samples) == pytest.approx((plain.low, plain.high, plain.samples), rel=1e-12)
+
+
 def test_bootstrap_on_few_samples_is_not_overconfident():
     # a percentile bootstrap covers a mean about half the time on 2 samples and 73 % on 3; the expanded interval
     # is near its nominal 95 % from 5 samples on, and a bounded statistic on fewer samples resolves nothing

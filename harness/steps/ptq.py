@@ -173,11 +173,9 @@ def compare_quantized(outputs: list[Feed], reference: list[Feed], dataset: Datas
 
 def output_intervals(outputs: list[Feed], reference: list[Feed]) -> dict[str, dict]:
     """Return {kpi: Interval.as_dict()} of cosine similarity and SQNR: a bootstrap over samples."""
-    n = len(outputs)
     sums = sample_sums([list(r.values()) for r in reference], [list(o.values()) for o in outputs])
-    return {"cosine_similarity": stats.bootstrap(lambda idx: cosine_from_sums(sums[idx].sum(axis=0)), n,
-                                                 bounds=(-1.0, 1.0)).as_dict(),
-            "sqnr_db": stats.bootstrap(lambda idx: sqnr_from_sums(sums[idx].sum(axis=0)), n).as_dict()}
+    return {"cosine_similarity": stats.bootstrap_of_sums(sums, cosine_from_sums, bounds=(-1.0, 1.0)).as_dict(),
+            "sqnr_db": stats.bootstrap_of_sums(sums, sqnr_from_sums).as_dict()}
 
 
 def accuracy_intervals(outputs: list[Feed], reference: list[Feed], dataset: Dataset) -> dict[str, dict]:
