@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+import longest_first
 from harness.cache import ArtifactCache
 from harness.devices import load_devices_file
 from harness.runner.client import DeviceRunner
@@ -20,6 +21,7 @@ def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist (`-n 2`), give each worker its own emulated devices (own sandboxes and device locks)
     beside the shared artifact cache, so that two workers' suite runs on `--device sm8650` overlap instead of
     queueing on one emulated device's lock; the suite runs they start inherit it through the environment."""
+    longest_first.register_recorder(config)
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker is None:
         return
@@ -28,6 +30,12 @@ def pytest_configure(config: pytest.Config) -> None:
     base = Path(tempfile.gettempdir()) / f"harness-tests-{os.environ.get('PYTEST_XDIST_TESTRUNUID', 'run')[:12]}"
     os.environ["HARNESS_EMULATOR_DIR"] = str(base / worker / "emulator")
     os.environ["HARNESS_LOCK_DIR"] = str(base / worker / "locks")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the longest tests first (tests/longest_first.py): CI runs the plain and the corpus tests in one
+    `-n 2 --dist worksteal` session, which then ends with both workers busy."""
+    items[:] = longest_first.longest_first(items, longest_first.load())
 
 
 @pytest.fixture(scope="session")

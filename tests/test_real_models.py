@@ -19,7 +19,7 @@ import pytest
 
 from real_models_helpers import real_model_spec
 
-pytestmark = pytest.mark.real_models
+pytestmark = [pytest.mark.real_models, pytest.mark.timeout(1800)]  # a slow model takes minutes; CI: --timeout 900
 
 SUITES = Path(__file__).resolve().parent.parent / "suites"
 STEPS = ("feasibility", "conversion", "float_baseline", "ptq", "error_isolation", "sweep", "mixed_precision",
