@@ -16,11 +16,12 @@ from harness.user_code import is_reference, load_function, spec_relative
 # What each built-in post-processing yields, and what each built-in metric scores
 POSTPROCESS_YIELDS = {"argmax": "classes", "ctc_greedy": "text", "frames": "frames", "db_boxes": "boxes"}
 METRIC_TAKES = {"top1": ("classes",), "top5": ("classes",), "cer": ("text",), "word_accuracy": ("text",),
-                "f1": ("classes", "frames"), "hmean": ("boxes",)}
+                "f1": ("classes", "frames"), "detection_rate": ("classes", "frames"),
+                "false_accepts": ("classes", "frames"), "hmean": ("boxes",)}
 DEFAULT_MIN_RATIO = 0.98  # MLPerf Mobile's classification target: 98 % of FP32, when the section sets no limit
 # What each layout's labels are, and the metrics that read them (a user's module.py:function reads anything)
 LAYOUTS = ("csv", "class_folders", "icdar", "coco")
-LAYOUT_LABELS = {"class_folders": ("class indices", ("top1", "top5", "f1")),
+LAYOUT_LABELS = {"class_folders": ("class indices", ("top1", "top5", "f1", "detection_rate", "false_accepts")),
                  "icdar": ("text boxes", ("hmean",)), "coco": ("boxes", ("hmean",))}
 
 
@@ -61,7 +62,8 @@ class EvaluationSection(BaseModel):
     charset: str | None = Field(None, description="ctc_greedy: the character list, one per line (CTC blank "
                                                   "first; a space last when the output is one class wider)")
     output: str | None = Field(None, description="the model output post-processed (default: the first)")
-    metric: str = Field(description="top1 | top5 | cer | word_accuracy | f1 | hmean | module.py:function")
+    metric: str = Field(description="top1 | top5 | cer | word_accuracy | f1 | detection_rate | false_accepts | "
+                                    "hmean | module.py:function")
     report: list[str] = Field(default_factory=list, description="further built-in metrics reported beside it "
                                                                   "(on the same predictions), not judged")
     higher_is_better: bool | None = Field(None, description="a metric given as module.py:function: its direction")
