@@ -470,13 +470,28 @@ def embedding_windows(req: DataRequest) -> CalibrationSet:
 
 def vad_frames(req: DataRequest) -> CalibrationSet:
     """640-sample frames of synthetic audio /32767 with the LSTM states (h, c) silero_vad reaches on them
-    when run frame by frame at 16 kHz (openwakeword's VAD loop, onnxruntime CPU)."""
+    when run frame by frame at 16 kHz (openwakeword's VAD loop, onnxruntime CPU); with req.phrase and espeak-ng
+    installed, every other clip is the phrase spoken between quiet noise (so that calibration sees the speech
+    probabilities: on synthetic audio alone they stay below 0.42, and an 8-bit output clipped there never
+    reaches the 0.5 that says speech)."""
     rng = req.rng()
     session = _cpu_session(req.models["silero_vad"])
     frame = req.input_shapes["input"][-1]
     feeds: dict[str, list[np.ndarray]] = {"input": [], "h": [], "c": [], "sr": []}
+    spoken = clips = 0
     while len(feeds["input"]) < req.count:
-        clip = synthetic_audio(rng, 2.0) / 32767
+        speech = None
+        clips += 1
+        if req.phrase and clips % 2 == 1:
+            speech = spoken_phrase(rng, req.phrase, ESPEAK_VOICES[spoken % len(ESPEAK_VOICES)])
+        if speech is not None:
+            spoken += 1
+            quiet = rng.normal(0, 40, SAMPLE_RATE // 2).astype(np.float32)
+            clip = np.concatenate([quiet, speech, quiet])
+            clip = np.concatenate([clip, np.zeros(max(0, 2 * SAMPLE_RATE - len(clip)), np.float32)])[:2 * SAMPLE_RATE]
+            clip = clip / 32767
+        else:
+            clip = synthetic_audio(rng, 2.0) / 32767
         h = c = np.zeros((2, 1, 64), dtype=np.float32)
         pick = set(rng.choice(np.arange(2, len(clip) // frame), size=3, replace=False).tolist())
         for k in range(len(clip) // frame):
@@ -485,8 +500,11 @@ def vad_frames(req: DataRequest) -> CalibrationSet:
                 for key, value in (("input", x), ("h", h), ("c", c), ("sr", np.array(SAMPLE_RATE, dtype=np.int64))):
                     feeds[key].append(value)
             _, h, c = session.run(None, {"input": x, "h": h, "c": c, "sr": np.array(SAMPLE_RATE, dtype=np.int64)})
+    source = "synthetic 16 kHz audio"
+    if spoken:
+        source += f" and of '{req.phrase}' spoken by espeak-ng between quiet noise (every other clip)"
     return CalibrationSet({k: np.stack(v) for k, v in feeds.items()},
-                          f"{req.count} frames of {frame} samples of synthetic 16 kHz audio (/32767) with the LSTM "
+                          f"{req.count} frames of {frame} samples of {source} (/32767) with the LSTM "
                           "states h, c that silero_vad reaches on the clip frame by frame (onnxruntime CPU), sr 16000")
 
 

@@ -3,6 +3,7 @@ the ratio to float with its interval, and every bad input named (file and line, 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -311,3 +312,18 @@ def test_a_users_model_onboards_and_ptq_is_judged_on_its_task_metric(zoo_models,
         assert k["task_metric_name"] == "accuracy" and ratio["method"] == "bootstrap" and ratio["high"] < 0.98
         assert "FAIL: task_metric_ratio" in ptq["message"] and "rule task_metric_ratio >= 0.98" in ptq["message"]
     assert "cosine_similarity" not in {rule.split(" ")[0] for rule in ptq["message"].split("rule ")[1:]}
+    # the sign-off page shows the task metric per device x model x precision beside float's, ratio, interval, count
+    from harness.signoff import build_signoff
+
+    build_signoff([kpi], tmp_path / "signoff")
+    html = (tmp_path / "signoff" / "index.html").read_text()
+    task = html[html.index('<section id="task"'):]
+    task = task[:task.index("</section>")]
+    row = re.search(r"<tr><td class=\"mono\">([^<]+)</td><td class=\"mono\">my_digits</td><td class=\"mono\">"
+                    r"MinMax-a8-w8-pt</td><td>(\w+)</td><td>([^<]+)</td><td>([^<]+)</td><td>([^<]+)</td>"
+                    r"<td>\[([^,]+), ([^\]]+)\] (\w+)</td><td>300</td><td>(\w+)</td></tr>", task)
+    assert row, task
+    assert row[2] == k["task_metric_name"] and float(row[3]) == pytest.approx(k["task_metric"], rel=1e-3)
+    assert float(row[5]) == pytest.approx(k["task_metric_ratio"], rel=1e-3) and row[9] == outcome
+    assert float(row[6]) == pytest.approx(ratio["low"], rel=1e-3, abs=1e-4) and row[8] == ratio["method"]
+    assert "float (device CPU)" in task and '<a href="#task">Task accuracy</a>' in html

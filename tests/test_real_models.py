@@ -136,8 +136,10 @@ EXPECT: dict[str, Expect] = {
     "hey_jarvis": Expect(socs=("sm8650", "qcs6490"), fails_on={"qcs6490": {"feasibility": "If_32 (If)"}},
                          data_mentions=("spoken by espeak-ng",), task=HEARS_WAKE_WORD),
     "hey_mycroft": Expect(),
-    # the If on sr folds once sr is frozen
-    "silero_vad": Expect(may_fail=PRECISION, conversion_mentions=("sr",), task=HEARS_SPEECH),
+    # the If on sr folds once sr is frozen. Calibrated on synthetic audio alone, its speech probability stayed below
+    # 0.42, so the 8-bit output, clipped there, never said speech (frame F1 0 on the HTP and in host QDQ emulation
+    # while cosine over all outputs was 0.99); with spoken phrases in calibration 8-bit PTQ keeps F1 (0.93 = float)
+    "silero_vad": Expect(conversion_mentions=("sr",), task=HEARS_SPEECH),
     "mtcnn_pnet": Expect(may_fail=BORDERLINE, socs=("sm8650", "qcs6490")),
     "mtcnn_rnet": Expect(may_fail=BORDERLINE, socs=("sm8650", "qcs6490")),
     "mtcnn_onet": Expect(may_fail=BORDERLINE, socs=("sm8650", "qcs6490")),
