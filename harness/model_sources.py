@@ -82,7 +82,8 @@ def _labelled_dataset(spec: ModelSpec, infos: list[InputInfo]) -> Dataset:
     on the evaluation samples themselves, which the description says)."""
     evaluation = spec.evaluation
     feeds, labels, task = labelled_samples(evaluation, infos)
-    what = f"{len(feeds)} labelled samples from {evaluation.data} ({evaluation.metric} after {evaluation.postprocess})"
+    what = (f"{len(feeds)} labelled samples from {evaluation.data} ({evaluation.layout} labels; {evaluation.metric} after "
+            f"{evaluation.postprocess})")
     about = evaluation.data / DESCRIPTION_FILE
     if about.is_file():
         what += f": {about.read_text().strip()}"

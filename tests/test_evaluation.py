@@ -3,6 +3,7 @@ the ratio to float with its interval, and every bad input named (file and line, 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ from harness.evaluation.postprocess import CtcGreedy, argmax, read_charset
 from harness.evaluation.spec import Evaluation
 from harness.evaluation.task import TaskEvaluation
 from harness.models import resolve_model
+from harness.signoff import build_signoff  # imported before pytester's sys.modules snapshot (numpy.fft reloads)
 
 INFOS = [InputInfo("x", (1, 4), np.float32)]
 
@@ -63,6 +65,13 @@ def test_built_in_metrics():
     f1 = metric_for(Evaluation(Path("."), Path("l.csv"), "f1", postprocess="frames"))
     # frames: TP 2, FP 1, FN 1 -> 2*2 / (2*2 + 1 + 1)
     assert f1.value([(1, 1, 0, 1), (0, 0)], [f1.parse("1 1 1 0"), f1.parse("0 0")]) == pytest.approx(4 / 6)
+    # a wake word's decisions (one frame a sample): 2 of 3 positives found, 1 of 2 negatives accepted
+    frames = Evaluation(Path("."), Path("l.csv"), "detection_rate", postprocess="frames")
+    found, accepted = metric_for(frames), metric_for(frames, "false_accepts")
+    predictions, labels = [(1,), (1,), (0,), (1,), (0,)], [found.parse(y) for y in "1 1 1 0 0".split()]
+    assert found.value(predictions, labels) == pytest.approx(2 / 3) and found.higher_is_better
+    assert accepted.value(predictions, labels) == pytest.approx(1 / 2) and not accepted.higher_is_better
+    assert accepted.value([(0,)], [(1,)]) == 0.0  # no negatives: nothing to accept falsely
 
 
 def test_db_boxes_finds_each_text_region_grown_as_paddleocr_unclips_it():
@@ -215,7 +224,7 @@ def test_accuracy_limits_follow_the_thresholds(tmp_path):
 
 @pytest.mark.parametrize("section, message", [
     ("{data: eval, labels: labels.csv, metric: bleu}",
-     r"evaluation.metric 'bleu' is not a built-in \(top1, top5, cer, word_accuracy, f1, hmean\) nor module.py:function"),
+     r"evaluation.metric 'bleu' is not a built-in \(top1, top5, cer, word_accuracy, f1, detection_rate, false_accepts, hmean\) nor module.py:function"),
     ("{data: eval, labels: labels.csv, metric: hmean, postprocess: ctc_greedy, charset: labels.csv}",
      r"evaluation.metric hmean scores boxes, but evaluation.postprocess ctc_greedy yields text"),
     ("{data: eval, labels: labels.csv, metric: cer}",
@@ -296,7 +305,8 @@ def test_a_users_model_onboards_and_ptq_is_judged_on_its_task_metric(zoo_models,
     spec = user_project(tmp_path / "elsewhere" / zoo_name, zoo_models[zoo_name], evaluation, files)
     kpi = pytester.path / "kpi.json"
     result = pytester.runpytest_subprocess(str(SUITES), "--model", str(spec), "--cache-dir", str(session_cache_dir),
-                                           "--kpi-json", str(kpi), "-p", "no:cacheprovider", "-rA", *SPINE)
+                                           "--kpi-json", str(kpi), "--alluredir", str(pytester.path / "allure"),
+                                           "-p", "no:cacheprovider", "-rA", *SPINE)
     steps = {r["step"]: r for r in json.loads(kpi.read_text())["records"]}
     assert steps["conversion"]["outcome"] == "passed" and steps["float_baseline"]["outcome"] == "passed"
     ptq = steps["ptq"]
@@ -311,3 +321,21 @@ def test_a_users_model_onboards_and_ptq_is_judged_on_its_task_metric(zoo_models,
         assert k["task_metric_name"] == "accuracy" and ratio["method"] == "bootstrap" and ratio["high"] < 0.98
         assert "FAIL: task_metric_ratio" in ptq["message"] and "rule task_metric_ratio >= 0.98" in ptq["message"]
     assert "cosine_similarity" not in {rule.split(" ")[0] for rule in ptq["message"].split("rule ")[1:]}
+    # the sign-off page shows the task metric per device x model x precision beside float's, ratio, interval, count
+    build_signoff([kpi], tmp_path / "signoff")
+    html = (tmp_path / "signoff" / "index.html").read_text()
+    task = html[html.index('<section id="task"'):]
+    task = task[:task.index("</section>")]
+    row = re.search(r"<tr><td class=\"mono\">([^<]+)</td><td class=\"mono\">my_digits</td><td class=\"mono\">"
+                    r"MinMax-a8-w8-pt</td><td>(\w+)</td><td>([^<]+)</td><td>([^<]+)</td><td>([^<]+)</td>"
+                    r"<td>\[([^,]+), ([^\]]+)\] (\w+)</td><td>300</td><td>(\w+)</td></tr>", task)
+    assert row, task
+    assert row[2] == k["task_metric_name"] and float(row[3]) == pytest.approx(k["task_metric"], rel=1e-3)
+    assert float(row[5]) == pytest.approx(k["task_metric_ratio"], rel=1e-3) and row[9] == outcome
+    assert float(row[6]) == pytest.approx(ratio["low"], rel=1e-3, abs=1e-4) and row[8] == ratio["method"]
+    assert "float (device CPU)" in task and '<a href="#task">Task accuracy</a>' in html
+    # and Allure, as a step of the PTQ test: the metric beside float's, the ratio with its interval and count
+    titles = [step["name"] for f in (pytester.path / "allure").glob("*-result.json")
+              for top in json.loads(f.read_text()).get("steps", []) for step in top.get("steps", [])]
+    line = next(t for t in titles if t.startswith(f"task metric: {k['task_metric_name']} "))
+    assert f"ratio to float {k['task_metric_ratio']:.4g}" in line and "n=300" in line, line

@@ -91,6 +91,11 @@ FINDS_ROTATION = Task("top1", 0.9)  # the float classifiers find the lines' and 
 # the float DBNet detectors find the rendered pages' text lines at 128x128 (hmean at IoU 0.5: v5 0.81, tiny v6 0.64;
 # every line is found, the misses are boxes a few pixels off at this size); MLPerf's detection target, 95 % of float
 FINDS_LINES = Task("hmean", 0.6, min_ratio=0.95)
+# the float hey_jarvis finds most windows ending at an espeak-ng "hey jarvis" (14 of 16 on the corpus's set) and
+# accepts none of the other phrases; MLPerf's detection target, 95 % of float
+HEARS_WAKE_WORD = Task("detection_rate", 0.75, ("false_accepts", "f1"), min_ratio=0.95)
+# the float silero_vad tells frames of espeak-ng phrases from frames of quiet noise (frame F1 0.93 on 32 frames)
+HEARS_SPEECH = Task("f1", 0.85, ("detection_rate", "false_accepts"))
 
 
 # A model that misses 8-bit PTQ on precision: error isolation names where the loss starts, the sweep
@@ -129,9 +134,12 @@ EXPECT: dict[str, Expect] = {
     # on the v75 HTP and the 8-bit model agrees with float there (decision agreement 1.0, cosine 0.99999, also on
     # windows ending in a spoken "hey jarvis", where the then-branch runs); on v68 it leaves the whole graph to the CPU
     "hey_jarvis": Expect(socs=("sm8650", "qcs6490"), fails_on={"qcs6490": {"feasibility": "If_32 (If)"}},
-                         data_mentions=("spoken by espeak-ng",)),
+                         data_mentions=("spoken by espeak-ng",), task=HEARS_WAKE_WORD),
     "hey_mycroft": Expect(),
-    "silero_vad": Expect(may_fail=PRECISION, conversion_mentions=("sr",)),  # the If on sr folds once sr is frozen
+    # the If on sr folds once sr is frozen. Calibrated on synthetic audio alone, its speech probability stayed below
+    # 0.42, so the 8-bit output, clipped there, never said speech (frame F1 0 on the HTP and in host QDQ emulation
+    # while cosine over all outputs was 0.99); with spoken phrases in calibration 8-bit PTQ keeps F1 (0.93 = float)
+    "silero_vad": Expect(conversion_mentions=("sr",), task=HEARS_SPEECH),
     "mtcnn_pnet": Expect(may_fail=BORDERLINE, socs=("sm8650", "qcs6490")),
     "mtcnn_rnet": Expect(may_fail=BORDERLINE, socs=("sm8650", "qcs6490")),
     "mtcnn_onet": Expect(may_fail=BORDERLINE, socs=("sm8650", "qcs6490")),

@@ -1,87 +1,93 @@
-"""Labelled evaluation data: a folder of samples and a CSV `file,label` naming each sample file and its label.
+"""Labelled evaluation data: a folder of samples and their labels in one of the layouts of
+harness.evaluation.layouts (a CSV file,label; class folders; ICDAR gt files; a COCO JSON).
 
 A sample file is a .npy (single-input models) or an .npz keyed by input name, holding one sample (the input's
-shape, or (1, *shape)). Every row must name a file of the folder, every sample file of the folder must have a
-row, and every label must read as the metric reads it; each error names the CSV file and line, or the folder
-and the files.
+shape, or (1, *shape)), or an image the section's `image:` turns into the input (harness.evaluation.images; box
+labels, in the image's pixels, are then scaled to the input's). Every label must name a sample file of the
+folder, every sample file of the folder must have a label, and every label must read as the metric reads it;
+each error names the labels file and line (or entry), or the folder and the files.
 """
 
 from __future__ import annotations
 
-import csv
-from dataclasses import dataclass
 from pathlib import Path
 
 from harness.data import Feed, InputInfo, load_feeds_file
 from harness.errors import EvaluationError
+from harness.evaluation.detection import parse_boxes
+from harness.evaluation.images import IMAGE_SUFFIXES, is_image, load_image
+from harness.evaluation.layouts import LabelRow, label_rows
 from harness.evaluation.spec import Evaluation
 from harness.evaluation.task import TaskEvaluation
 
-SAMPLE_SUFFIXES = (".npy", ".npz")
-HEADER = ["file", "label"]
+SAMPLE_SUFFIXES = (".npy", ".npz", *IMAGE_SUFFIXES)
+BOX_METRICS = ("hmean",)  # metrics whose labels are boxes in the sample's pixels
 
 
-@dataclass(frozen=True)
-class LabelRow:
-    """One line of a labels CSV: the sample file named, its label as written, and the line number."""
-
-    file: str
-    label: str
-    line: int
+def _sample_files(data: Path) -> list[str]:
+    """The sample files at the top of a data folder, by name."""
+    return sorted(p.name for p in data.iterdir() if p.is_file() and p.suffix.lower() in SAMPLE_SUFFIXES)
 
 
-def read_labels(path: Path) -> list[LabelRow]:
-    """Return the rows of a labels CSV (a first row `file,label` is a header); raises EvaluationError naming
-    the file and line of a row without exactly two fields or a file labelled twice."""
-    rows: list[LabelRow] = []
-    seen: dict[str, int] = {}
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise EvaluationError(f"labels {path}: cannot read: {e}") from None
-    for line, fields in enumerate(csv.reader(text.splitlines()), start=1):
-        if not fields or (line == 1 and [f.strip().lower() for f in fields] == HEADER):
-            continue
-        if len(fields) != 2:
-            raise EvaluationError(f"labels {path}, line {line}: expected 2 fields (file,label; quote a label "
-                                  f"holding a comma), got {len(fields)}: {','.join(fields)!r}")
-        name = fields[0].strip()
-        if name in seen:
-            raise EvaluationError(f"labels {path}, line {line}: '{name}' is labelled twice (first on line "
-                                  f"{seen[name]})")
-        seen[name] = line
-        rows.append(LabelRow(name, fields[1], line))
-    if not rows:
-        raise EvaluationError(f"labels {path}: no rows (expected file,label lines)")
-    return rows
+def _load(path: Path, infos: list[InputInfo], evaluation: Evaluation, where: str) -> tuple[Feed, tuple[float, float]]:
+    """One sample file as the model's feed, and the factors from its pixels to the input's ((1, 1) for arrays)."""
+    if is_image(path):
+        if evaluation.image is None:
+            raise EvaluationError(f"{where}: {path.name} is an image: {evaluation.where} needs evaluation.image "
+                                  "(channels, resize, scale, mean, std) to make it the model's input")
+        if len(infos) != 1:
+            raise EvaluationError(f"{where}: {path.name} is an image, but the model has {len(infos)} inputs "
+                                  f"({', '.join(i.name for i in infos)}): use .npz files keyed by input name")
+        try:
+            image = load_image(path, infos[0], evaluation.image)
+        except EvaluationError as e:
+            raise EvaluationError(f"{where}: {e}") from None
+        return {infos[0].name: image.array}, image.scale_xy
+    held = load_feeds_file(path, infos, what="evaluation sample")
+    if len(held) != 1:
+        raise EvaluationError(f"{where}: {path.name} holds {len(held)} samples; a labelled file holds one")
+    return held[0], (1.0, 1.0)
+
+
+def _scaled_boxes(label: str, scale_xy: tuple[float, float]) -> str:
+    """A boxes label moved from the image's pixels to the input's."""
+    sx, sy = scale_xy
+    return ";".join(" ".join(f"{v * (sx if k % 2 == 0 else sy):g}" for k, v in enumerate(box))
+                    for box in parse_boxes(label))
 
 
 def labelled_samples(evaluation: Evaluation, infos: list[InputInfo]) -> tuple[list[Feed], list[str], TaskEvaluation]:
-    """Return the evaluation's samples in the CSV's order, their labels (text) and the task evaluation; raises
+    """Return the evaluation's samples in its labels' order, their labels (text) and the task evaluation; raises
     EvaluationError naming the file and line of a label that names no sample or does not parse, or the sample
     files that have no label."""
-    rows = read_labels(evaluation.labels)
-    task = TaskEvaluation.of(evaluation, tuple(r.file for r in rows))
-    files = {p.name for p in evaluation.data.iterdir() if p.suffix in SAMPLE_SUFFIXES}
-    unlabelled = sorted(files - {r.file for r in rows})
+    top = _sample_files(evaluation.data)
+    rows: list[LabelRow] = label_rows(evaluation, top)
+    unlabelled = sorted(set(top) - {r.file for r in rows}) if evaluation.layout != "class_folders" else []
     if unlabelled:
         shown = ", ".join(unlabelled[:5]) + (f" and {len(unlabelled) - 5} more" if len(unlabelled) > 5 else "")
         raise EvaluationError(f"evaluation data {evaluation.data}: {len(unlabelled)} sample file(s) have no label "
                               f"in {evaluation.labels}: {shown}")
+    if not rows:
+        raise EvaluationError(f"evaluation data {evaluation.data}: no labelled samples (layout {evaluation.layout})")
+    task = TaskEvaluation.of(evaluation, tuple(r.file for r in rows))
     feeds: list[Feed] = []
+    labels: list[str] = []
+    metrics = (task.metric, *task.reported)
     for row in rows:
-        where = f"labels {evaluation.labels}, line {row.line}"
-        if row.file not in files:
-            raise EvaluationError(f"{where}: '{row.file}' is not a sample file ({', '.join(SAMPLE_SUFFIXES)}) "
-                                  f"in {evaluation.data}")
-        held = load_feeds_file(evaluation.data / row.file, infos, what="evaluation sample")
-        if len(held) != 1:
-            raise EvaluationError(f"{where}: {row.file} holds {len(held)} samples; a labelled file holds one")
-        for metric in (task.metric, *task.reported):
+        path = evaluation.data / row.file
+        if not path.is_file() or path.suffix.lower() not in SAMPLE_SUFFIXES:
+            raise EvaluationError(f"{row.where}: '{row.file}' is not a sample file (.npy, .npz or an image: "
+                                  f"{', '.join(IMAGE_SUFFIXES)}) in {evaluation.data}")
+        feed, scale_xy = _load(path, infos, evaluation, row.where)
+        label = row.label
+        for metric in metrics:
             try:
-                metric.parse(row.label)
+                metric.parse(label)
             except ValueError:
-                raise EvaluationError(f"{where}: label {row.label!r} of {row.file} is not {metric.expects} "
+                raise EvaluationError(f"{row.where}: label {label!r} of {row.file} is not {metric.expects} "
                                       f"(metric {metric.name})") from None
-        feeds.append(held[0])
-    return feeds, [r.label for r in rows], task
+        if scale_xy != (1.0, 1.0) and any(m.name in BOX_METRICS for m in metrics):
+            label = _scaled_boxes(label, scale_xy)
+        feeds.append(feed)
+        labels.append(label)
+    return feeds, labels, task

@@ -4,7 +4,9 @@ Each built-in is a ratio of sums of per-sample parts (numerator, denominator), s
 (the bootstrap) is a sum of rows: top1, top5 and word_accuracy are shares of samples (a sample scores 1 or 0
 of 1: their intervals are Wilson's); cer is edit operations over reference characters (Levenshtein distance by
 rapidfuzz, the sum over samples divided by the reference characters, as PaddleOCR and jiwer count it); f1 is
-2·TP / (2·TP + FP + FN) over samples (class 0 negative, any other class positive) or over frames; hmean the
+2·TP / (2·TP + FP + FN) over samples (class 0 negative, any other class positive) or over frames,
+detection_rate TP / (TP + FN) (a wake word's positives found) and false_accepts FP / (FP + TN) (its negatives
+accepted; lower is better) alike; hmean the
 same over text boxes matched at IoU 0.5 (harness.evaluation.detection). A user's
 `module.py:function` takes (predictions, labels as text) and returns the value, or one value per sample (their
 mean).
@@ -66,6 +68,25 @@ def _f1_parts(predicted: Sequence[int], actual: Sequence[int]) -> tuple[float, f
         raise EvaluationError(f"f1: the prediction has {p.size} frames, the label {a.size}")
     tp = float(np.sum(p & a))
     return 2 * tp, float(np.sum(p)) + float(np.sum(a))  # 2TP / (2TP + FP + FN): (TP+FP) + (TP+FN)
+
+
+def _detection_parts(predicted: Sequence[int], actual: Sequence[int]) -> tuple[float, float]:
+    p, a = np.asarray(predicted) != 0, np.asarray(actual) != 0
+    if p.shape != a.shape:
+        raise EvaluationError(f"detection_rate: the prediction has {p.size} frames, the label {a.size}")
+    return float(np.sum(p & a)), float(np.sum(a))  # TP / (TP + FN): positives found
+
+
+def _false_accept_parts(predicted: Sequence[int], actual: Sequence[int]) -> tuple[float, float]:
+    p, a = np.asarray(predicted) != 0, np.asarray(actual) != 0
+    if p.shape != a.shape:
+        raise EvaluationError(f"false_accepts: the prediction has {p.size} frames, the label {a.size}")
+    return float(np.sum(p & ~a)), float(np.sum(~a))  # FP / (FP + TN): negatives accepted
+
+
+# Metrics of a binary decision (class 0 or frame 0 negative): name -> (parts, higher is better, empty value)
+BINARY = {"f1": (_f1_parts, True, 1.0), "detection_rate": (_detection_parts, True, 1.0),
+          "false_accepts": (_false_accept_parts, False, 0.0)}
 
 
 @dataclass(frozen=True)
@@ -137,11 +158,12 @@ def metric_for(evaluation: Evaluation, name: str | None = None) -> Metric:
     name = name or evaluation.metric
     if name in BUILTIN:
         return BUILTIN[name]
-    if name == "f1":
+    if name in BINARY:
+        parts, higher, empty = BINARY[name]
         if evaluation.postprocess == "frames":
-            return Metric("f1", True, _frame_labels, "0/1 per frame, separated by spaces", _f1_parts, empty=1.0)
-        return Metric("f1", True, _class_index, "a class index (0 negative, any other positive)",
-                      lambda prediction, label: _f1_parts(_ranked(prediction)[:1], [label]), empty=1.0)
+            return Metric(name, higher, _frame_labels, "0/1 per frame, separated by spaces", parts, empty=empty)
+        return Metric(name, higher, _class_index, "a class index (0 negative, any other positive)",
+                      lambda prediction, label: parts(_ranked(prediction)[:1], [label]), empty=empty)
     function = load_function(evaluation.metric, "evaluation.metric")
     name = evaluation.metric.rpartition(":")[2]
     return Metric(name, evaluation.higher_is_better is not False, str, "text", function=function)

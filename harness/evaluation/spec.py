@@ -1,10 +1,12 @@
-"""The `evaluation:` section of a model spec: labelled samples, the post-processing that turns a model's outputs
-into predictions, the task metric and its limit against the float model (MLPerf's form: a share of float)."""
+"""The `evaluation:` section of a model spec: labelled samples (in one of the layouts of
+harness.evaluation.layouts), how image files become the model's input, the post-processing that turns a model's
+outputs into predictions, the task metric and its limit against the float model (MLPerf's form: a share of float)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -14,8 +16,29 @@ from harness.user_code import is_reference, load_function, spec_relative
 # What each built-in post-processing yields, and what each built-in metric scores
 POSTPROCESS_YIELDS = {"argmax": "classes", "ctc_greedy": "text", "frames": "frames", "db_boxes": "boxes"}
 METRIC_TAKES = {"top1": ("classes",), "top5": ("classes",), "cer": ("text",), "word_accuracy": ("text",),
-                "f1": ("classes", "frames"), "hmean": ("boxes",)}
+                "f1": ("classes", "frames"), "detection_rate": ("classes", "frames"),
+                "false_accepts": ("classes", "frames"), "hmean": ("boxes",)}
 DEFAULT_MIN_RATIO = 0.98  # MLPerf Mobile's classification target: 98 % of FP32, when the section sets no limit
+# What each layout's labels are, and the metrics that read them (a user's module.py:function reads anything)
+LAYOUTS = ("csv", "class_folders", "icdar", "coco")
+LAYOUT_LABELS = {"class_folders": ("class indices", ("top1", "top5", "f1", "detection_rate", "false_accepts")),
+                 "icdar": ("text boxes", ("hmean",)), "coco": ("boxes", ("hmean",))}
+
+
+class ImageSection(BaseModel):
+    """How an image file (PNG, JPEG, BMP, TIFF, WebP; read by Pillow) becomes a single-input model's input: resized
+    to the input's height and width, its pixels scaled, normalized per channel, laid out as the input (NCHW or
+    NHWC, from where its 3 channels are)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    channels: Literal["rgb", "bgr"] = Field("rgb", description="channel order the model expects (bgr: OpenCV's)")
+    resize: Literal["stretch", "keep_ratio_pad"] = Field(
+        "stretch", description="stretch: to the input's height and width; keep_ratio_pad: to its height keeping the "
+                               "aspect ratio (at most its width), zero-padded on the right (PaddleOCR's text lines)")
+    scale: float = Field(1 / 255, gt=0, allow_inf_nan=False, description="pixel values (0-255) times this")
+    mean: list[float] = Field([0.0, 0.0, 0.0], min_length=3, max_length=3, description="subtracted per channel")
+    std: list[float] = Field([1.0, 1.0, 1.0], min_length=3, max_length=3, description="divided by, per channel")
 
 
 class EvaluationSection(BaseModel):
@@ -23,14 +46,24 @@ class EvaluationSection(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    data: str = Field(description="folder of samples: .npy (single-input models) or .npz keyed by input name")
-    labels: str = Field(description="CSV file,label: a sample file in `data` and its class index, text or boxes "
-                                    "(8 numbers each, separated by ';')")
+    data: str = Field(description="folder of samples: .npy (single-input models), .npz keyed by input name, or "
+                                  "images (with `image:`); class_folders: a folder per class")
+    labels: str | None = Field(None, description="csv: a CSV file,label (a class index, a text line, or boxes of 8 "
+                                                 "numbers separated by ';'); icdar: a folder of gt_<image>.txt; "
+                                                 "coco: a COCO JSON; class_folders: none")
+    layout: Literal["csv", "class_folders", "icdar", "coco"] | None = Field(
+        None, description="how labels are given (default: coco for a .json, icdar for a folder, class_folders "
+                          "without labels, else csv)")
+    classes: list[str] | None = Field(None, description="class_folders: the folder names in the order of the "
+                                                        "model's classes (default: integer names are the class, "
+                                                        "else sorted names, as torchvision's ImageFolder)")
+    image: ImageSection | None = Field(None, description="how image files become the input (needed for images)")
     postprocess: str = Field("argmax", description="argmax | ctc_greedy | frames | db_boxes | module.py:function")
     charset: str | None = Field(None, description="ctc_greedy: the character list, one per line (CTC blank "
                                                   "first; a space last when the output is one class wider)")
     output: str | None = Field(None, description="the model output post-processed (default: the first)")
-    metric: str = Field(description="top1 | top5 | cer | word_accuracy | f1 | hmean | module.py:function")
+    metric: str = Field(description="top1 | top5 | cer | word_accuracy | f1 | detection_rate | false_accepts | "
+                                    "hmean | module.py:function")
     report: list[str] = Field(default_factory=list, description="further built-in metrics reported beside it "
                                                                   "(on the same predictions), not judged")
     higher_is_better: bool | None = Field(None, description="a metric given as module.py:function: its direction")
@@ -46,7 +79,7 @@ class Evaluation:
     predictions and which metric scores them (built-in names, or 'file.py:function' with an absolute file)."""
 
     data: Path
-    labels: Path
+    labels: Path | None
     metric: str
     postprocess: str = "argmax"
     charset: Path | None = None
@@ -54,6 +87,9 @@ class Evaluation:
     report: tuple[str, ...] = ()
     higher_is_better: bool | None = None
     spec: Path | None = None  # the spec file it came from (named in errors)
+    layout: str = "csv"  # one of LAYOUTS
+    classes: tuple[str, ...] | None = None
+    image: ImageSection | None = None
 
     @property
     def where(self) -> str:
@@ -84,12 +120,26 @@ def resolve_evaluation(section: EvaluationSection, spec: Path) -> Evaluation:
         load_function(reference, f"model spec {spec}: evaluation.{key}")
         return reference
 
+    layout = section.layout or _inferred_layout(section, base)
+    if (section.labels is None) != (layout == "class_folders"):
+        given = ("the class folders' names are the labels" if layout == "class_folders"
+                 else "csv: file,label; icdar: a folder of gt_<image>.txt; coco: a JSON")
+        raise ConfigError(f"model spec {spec}: evaluation.labels is {'needed' if section.labels is None else 'not read'}"
+                          f" with layout {layout} ({given})")
+    if section.classes is not None and layout != "class_folders":
+        raise ConfigError(f"model spec {spec}: evaluation.classes applies to layout class_folders, not {layout}")
     postprocess = function("postprocess", section.postprocess, POSTPROCESS_YIELDS)
     metric = function("metric", section.metric, METRIC_TAKES)
     unknown = [m for m in section.report if m not in METRIC_TAKES]
     if unknown:
         raise ConfigError(f"model spec {spec}: evaluation.report names {', '.join(unknown)}: not a built-in metric "
                           f"({', '.join(METRIC_TAKES)})")
+    if layout in LAYOUT_LABELS:
+        what, readers = LAYOUT_LABELS[layout]
+        for key, name in (("metric", metric), *(("report", m) for m in section.report)):
+            if name in METRIC_TAKES and name not in readers:
+                raise ConfigError(f"model spec {spec}: evaluation.{key} {name} does not read {what}, the labels of "
+                                  f"layout {layout} (metrics that do: {', '.join(readers)}, or module.py:function)")
     for key, name in (("metric", metric), *(("report", m) for m in section.report)):
         yields, takes = POSTPROCESS_YIELDS.get(postprocess), METRIC_TAKES.get(name)
         if yields and takes and yields not in takes:
@@ -101,7 +151,19 @@ def resolve_evaluation(section: EvaluationSection, spec: Path) -> Evaluation:
     if section.higher_is_better is not None and metric in METRIC_TAKES:
         raise ConfigError(f"model spec {spec}: evaluation.higher_is_better applies to a metric given as "
                           f"module.py:function, not to the built-in {metric}")
-    return Evaluation(data=existing("data", section.data, True), labels=existing("labels", section.labels, False),
+    labels = existing("labels", section.labels, layout == "icdar") if section.labels is not None else None
+    return Evaluation(data=existing("data", section.data, True), labels=labels, layout=layout,
+                      classes=tuple(section.classes) if section.classes is not None else None, image=section.image,
                       metric=metric, postprocess=postprocess, output=section.output, report=tuple(section.report),
                       charset=existing("charset", section.charset, False) if section.charset else None,
                       higher_is_better=section.higher_is_better, spec=spec.resolve())
+
+
+def _inferred_layout(section: EvaluationSection, base: Path) -> str:
+    """The layout a section without `layout:` has: class_folders without labels, coco for a .json, icdar for a
+    folder, else csv."""
+    if section.labels is None:
+        return "class_folders"
+    if section.labels.lower().endswith(".json"):
+        return "coco"
+    return "icdar" if (base / section.labels).expanduser().is_dir() else "csv"

@@ -58,7 +58,7 @@ def attach_report(report: StepReport, record: StepRecord) -> None:
             if kind is not None and charts.ready(path):
                 allure.attach.file(str(path), name=f"{report.step} {name}", attachment_type=kind)
         kpis = report.kpis
-        for title in [*map(str, report.verdicts),
+        for title in [*task_metric_titles(kpis), *map(str, report.verdicts),
                       *(f"interval: {k} = {kpi_value(kpis, k)} {interval_of(kpis, k)}"
                         for k in kpis.get(INTERVALS_KEY) or {} if interval_of(kpis, k) is not None),
                       *(f"FAIL: {failure}" for failure in report.failures),
@@ -66,6 +66,19 @@ def attach_report(report: StepReport, record: StepRecord) -> None:
                       *(f"note: {note}" for note in report.notes)]:
             with allure.step(title):
                 pass
+
+
+def task_metric_titles(kpis: dict[str, Any]) -> list[str]:
+    """Return the Allure step title of a step's task metric beside float's, with the ratio, its interval and the
+    sample count (none when the step measured no task metric)."""
+    name, value = kpis.get("task_metric_name"), kpis.get("task_metric")
+    if not name or value is None or "task_metric_ratio" not in kpis:
+        return []
+    ratio, interval = kpis.get("task_metric_ratio"), interval_of(kpis, "task_metric_ratio")
+    floating = kpis.get("float_task_metric")
+    return [f"task metric: {name} {value:.4g}" + (f" (float {floating:.4g})" if floating is not None else "")
+            + (f", ratio to float {ratio:.4g}" if ratio is not None else ", no ratio (float's is 0)")
+            + (f" {interval}" if interval is not None else "")]
 
 
 def flag_allure_result(config, outcome: str, message: str, marginal: list[str]) -> None:  # type: ignore[no-untyped-def]

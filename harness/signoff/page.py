@@ -12,6 +12,7 @@ from harness.kpi import INTERVALS_KEY, Interval, interval_of, kpi_value
 from harness.reporting.records import StepRecord
 from harness.signoff import format as fmt
 from harness.signoff.inputs import NOT_RUN, RunInfo, RunSet
+from harness.signoff.task_table import task_rows
 from harness.signoff.verdict import REGRESSION_STEP, KpiDelta, Reason, ReleaseVerdict, order_steps
 
 BADGES = {"passed": ("pass", "PASS"), "marginal": ("marginal", "PASS · MARGINAL"),
@@ -63,6 +64,7 @@ def render_page(runs: RunSet, verdict: ReleaseVerdict, ctx: PageContext) -> str:
         _toc(runs),
         _reasons(verdict),
         _matrix(runs, verdict, notes),
+        _task_section(runs),
         _devices(runs),
         _kpi_section(runs, verdict),
         _charts(runs),
@@ -132,10 +134,12 @@ def _plural(n: int, one: str, many: str) -> str:
 
 
 def _toc(runs: RunSet) -> str:
-    links = [("reasons", "Reasons"), ("matrix", "Step matrix"), ("devices", "Devices"), ("kpis", "KPIs"),
-             ("charts", "Charts"), ("environment", "Environment")]
+    links = [("reasons", "Reasons"), ("matrix", "Step matrix"), ("task", "Task accuracy"), ("devices", "Devices"),
+             ("kpis", "KPIs"), ("charts", "Charts"), ("environment", "Environment")]
     if not any(r.charts for r in runs.results):
         links = [link for link in links if link[0] != "charts"]
+    if not task_rows(runs):
+        links = [link for link in links if link[0] != "task"]
     return '<nav class="toc">' + "".join(f'<a href="#{a}">{h(t)}</a>' for a, t in links) + "</nav>"
 
 
@@ -237,6 +241,32 @@ def _matrix_cell(runs: RunSet, device: str, model: str, step: str, notes: _Footn
 def _soc_label(runs: RunSet, soc: str) -> str:
     name = runs.soc_names.get(soc)
     return f"{soc} ({name})" if name and soc else soc or "—"
+
+
+def _task_section(runs: RunSet) -> str:
+    """The task metric per device × model × precision beside float's, with the ratio, its interval and the
+    sample count (nothing when no model has an evaluation section)."""
+    rows = task_rows(runs)
+    if not rows:
+        return ""
+
+    def num(value: Any) -> str:
+        return fmt.number(value) if isinstance(value, (int, float)) else "—"
+
+    def interval(r) -> str:
+        i = r.interval
+        return f"[{fmt.number(i.low)}, {fmt.number(i.high)}] {i.method}" if i is not None else "—"
+
+    table = _table(("Device", "Model", "Precision", "Metric", "Quantized", "Float", "Ratio to float",
+                    "95 % interval", "Samples", "Outcome"),
+                   ((r.device, r.model, r.precision, r.metric, num(r.value), num(r.float_value), num(r.ratio),
+                     interval(r), r.samples if r.samples is not None else "—", r.outcome) for r in rows),
+                   cls="task", mono_cols={0, 1, 2})
+    return ('<section id="task" class="card"><h2>Task accuracy</h2><p class="sub">The model\'s task metric on its '
+            'labelled samples (its spec\'s <span class="mono">evaluation:</span> section) per device × model × '
+            'precision, beside the float model\'s on the same samples: the ratio to float is the KPI (MLPerf\'s '
+            'form), with its 95 % interval and the samples it rests on. The float row is the float model on the '
+            'device\'s CPU against the host\'s.</p>' + table + "</section>")
 
 
 def _devices(runs: RunSet) -> str:
