@@ -31,8 +31,8 @@ def load(path: Path = DURATIONS_FILE) -> dict[str, float]:
 
 def longest_first(items: list[pytest.Item], known: dict[str, float]) -> list[pytest.Item]:
     """Return items with their modules ordered by total known duration, longest first, each module's tests kept
-    together (its module-scoped fixtures are set up once); a module of one parametrized test function has its
-    cases ordered longest first too. A test never recorded counts as the median recorded test."""
+    together and in their order (its module-scoped fixtures are set up once), each parametrized function's cases
+    longest first. A test never recorded counts as the median recorded test."""
     default = statistics.median(known.values()) if known else 1.0
     modules: dict[str, list[pytest.Item]] = {}
     for item in items:
@@ -43,9 +43,11 @@ def longest_first(items: list[pytest.Item], known: dict[str, float]) -> list[pyt
 
     ordered = []
     for module_items in sorted(modules.values(), key=lambda m: -sum(map(seconds, m))):
-        if len({getattr(item, "originalname", item.name) for item in module_items}) == 1:
-            module_items = sorted(module_items, key=lambda item: -seconds(item))
-        ordered.extend(module_items)
+        cases: dict[str, list[pytest.Item]] = {}  # a test function's parametrized cases, in collection order
+        for item in module_items:
+            cases.setdefault(item.nodeid.split("[")[0], []).append(item)
+        for function_items in cases.values():
+            ordered.extend(sorted(function_items, key=lambda item: -seconds(item)))
     return ordered
 
 
