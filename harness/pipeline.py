@@ -249,16 +249,23 @@ class Onboarding(PipelineBase):
 
     @memoized
     def mixed_precision(self) -> StepReport:
-        """Step 3 stage 5 report: promotion units (tied activations) promoted to 16 bits from the best
-        8-bit recipe (the sweep's, or PTQ's with --sweep off), ranked by their measured effect;
-        artifacts['encodings'] is the deployable model's QAIRT overrides file."""
+        """Step 3 stage 5 report, the precision search: from the best candidate of any kind (the sweep's, or PTQ's
+        with --sweep off), promotion units (tied activations) promoted to 16 bits from an 8-bit recipe, ranked by
+        their measured effect; FP16 on the HTP when nothing quantized meets the KPI; the cheapest candidate meeting
+        it, within --precision-budget-s. artifacts['encodings'] is the deployable model's QAIRT overrides file
+        (none when FP16 ships)."""
         start = self._mixed_precision_start()
-        units = promotion.promotion_units(self.converted_model(), start.model or self.qdq_model(),
+        pool = self.sweep_result()[1] if self.accuracy.sweep != "off" else []
+        eight_bit = next((c.model for c in [start, *pool] if c.error is None and c.precision in ("a8", "mixed")),
+                         None)
+        units = promotion.promotion_units(self.converted_model(), eight_bit or self.qdq_model(),
                                           self.error_isolation())
         report = mixed_precision.mixed_precision(
             self.converted_model(), self.dataset(), self.float_reference(), self.runner, self.thresholds,
-            self.cache, start, units, resolvable_drop=ptq.resolution(self.dataset(), self.float_reference()))
-        if "model" in report.artifacts:
+            self.cache, start, units, resolvable_drop=ptq.resolution(self.dataset(), self.float_reference()),
+            pool=pool, soc=self.target.soc, budget_s=self.accuracy.precision_budget_s,
+            allow_cpu_fallback=self.thresholds.min_htp_fraction < 1.0)
+        if "model" in report.artifacts and report.kpis.get("precision") != "fp16":
             final = self.deployable_model(report)
             report.artifacts["encodings"] = exported_encodings(final, self.cache)
             report.kpis["encodings_of"] = "ptq" if final == self.qdq_model() else "mixed_precision"
@@ -266,11 +273,12 @@ class Onboarding(PipelineBase):
         return report
 
     def _mixed_precision_start(self) -> sweep.Candidate:
+        """The precision search's start: the sweep's best candidate of any kind (8- or 16-bit activations), else
+        PTQ's."""
         if self.accuracy.sweep != "off":
-            eight_bit = [c for c in self.sweep_result()[1]
-                         if c.error is None and c.recipe.activation_type in sweep.EIGHT_BIT]
-            if eight_bit:
-                return eight_bit[0]
+            best = next((c for c in self.sweep_result()[1] if c.error is None), None)
+            if best is not None:
+                return best
         report, model = self.ptq(), self.qdq_model()
         return sweep.Candidate(self.recipe, model, {**report.kpis, "model_bytes": model.stat().st_size},
                                meets=report.passed, undecided=report.status == "inconclusive")
