@@ -369,6 +369,10 @@ def test_embedding_model_on_random_data_recovers_an_htp_only_loss_by_ranking_on_
     assert k["sqnr_db"] >= k["start_sqnr_db"] + 20 and k["cosine_similarity"] >= 0.999
     assert k["promoted_tensor_count"] <= 2
     assert charts.ready(report.artifacts["pareto_plot"])
+    # the cheapest candidate meeting the KPI ships, with its simulated latency and context size, and runs
+    assert k["precision"] == "mixed" and k["fp16"] is None and k["htp_latency_ms"] > 0
+    assert [r["candidate"] for r in report.tables["precision_pareto"] if r["chosen"]] == [k["final_recipe"]]
+    _shipped_and_run(onboarding, report)
 
 
 @pytest.mark.parametrize("recipe", [QuantRecipe(), QuantRecipe(activation_type="QUInt16", per_channel=True),

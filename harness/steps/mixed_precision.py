@@ -1,6 +1,8 @@
-"""Step 3, stage 5: mixed precision, promoting the activations that matter most to 16 bits.
+"""Step 3, stage 5: the precision search, promoting the activations that matter most to 16 bits.
 
-Starting from an 8-bit recipe:
+It starts from the best candidate of any kind (promotion_start says where promotion runs from); FP16 on
+the HTP, each candidate's cost and the cheapest candidate meeting the KPI are harness.steps.precision's.
+From an 8-bit recipe:
 
 1. **Units.** Activations are promoted in *promotion units* (harness.steps.promotion): a tensor with
    the tensors folded into it, the tensors sharing its encoding, and the inputs and outputs of
