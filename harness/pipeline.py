@@ -133,7 +133,8 @@ class Onboarding(PipelineBase):
         """Return which quantized model ships ('ptq', 'mixed_precision' or 'aimet') and its path.
 
         PTQ's when PTQ passes decisively (every limit met on its KPI's interval); else the first recovery step
-        whose model meets the KPI decisively (mixed precision, then AIMET when its step ran). When none does,
+        whose model meets the KPI decisively (mixed precision, then AIMET when its step ran; AIMET first when
+        mixed precision's choice is FP16 on the HTP, the last resort). When none does,
         PTQ's model ships, unless PTQ failed decisively and a recovery's model could not be decided (an interval
         straddles a limit): that one ships, as nothing decisively better exists. An inconclusive PTQ therefore
         keeps its model unless a recovery proves one. `mixed` is the mixed-precision report while that step is
@@ -147,6 +148,8 @@ class Onboarding(PipelineBase):
             return "ptq", self.qdq_model()
         aimet = None if building else self._aimet_report()
         recoveries = [("mixed_precision", mixed), *([("aimet", aimet)] if aimet is not None else [])]
+        if mixed.kpis.get("precision") == "fp16":  # the last resort: a quantized AIMET model meeting the KPI first
+            recoveries.reverse()
         for name, report in recoveries:
             if report.kpis.get("met_threshold"):
                 return name, report.artifacts["model"]
@@ -304,7 +307,8 @@ class Onboarding(PipelineBase):
         if self.ptq().passed:
             return "ptq"
         try:
-            return "mixed_precision" if self.mixed_precision().kpis.get("met_threshold") else None
+            kpis = self.mixed_precision().kpis  # FP16 meeting it leaves AIMET a cheaper, quantized one to find
+            return "mixed_precision" if kpis.get("met_threshold") and kpis.get("precision") != "fp16" else None
         except HarnessError:
             return None
 

@@ -417,8 +417,11 @@ def _evidence(final: Candidate, fp16: Candidate | None, evaluated: list[Candidat
     report.kpis["fp16_divergence"] = first
     where = (f"the first diverging tensor is {first['tensor']} (node {first['node']}, {first['op_type']}, cosine "
              f"{first['cosine']:.4f} against float)" if first.get("tensor") else
-             f"no single tensor diverges below cosine {thresholds.min_cosine_similarity or 0.99:g}"
-             if "error" not in first else f"the per-tensor comparison could not run ({first['error']})")
+             f"the per-tensor comparison could not run ({first['error']})" if "error" in first else
+             f"yet with every tensor exposed as an output none of {first['compared']} diverges below cosine "
+             f"{thresholds.min_cosine_similarity or 0.99:g} (lowest {first['lowest_cosine']:.4f} at "
+             f"{first['lowest_tensor']}): the loss appears only in the graph as the HTP compiles it whole (its "
+             "fused ops), not in one tensor")
     return (f"; even FP16 on the HTP misses it (float against FP16 on the HTP: cosine "
             f"{fp16.kpis['cosine_similarity']:.4f}, SQNR {fp16.kpis['sqnr_db']:.1f} dB over "
             f"{len(dataset.evaluation)} samples; {where}): the model cannot run accurately on this HTP as it is; "

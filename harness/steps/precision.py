@@ -44,7 +44,7 @@ FP16_MIN_HTP_ARCH = 69  # the HTP runs FP16 from v69 (Snapdragon 8 Gen 1) on
 LATENCY_TIE = 0.10  # latencies within 10 % of the lowest count as equal
 DEFAULT_BUDGET_S = PRECISION_BUDGET_S
 PRECISION_ORDER = {"a8": 0, "mixed": 1, "a16": 2, "fp16": 3}
-DIVERGENCE_SAMPLES = 2  # samples of the float-vs-FP16 per-tensor comparison
+DIVERGENCE_SAMPLES = 1  # samples of the float-vs-FP16 per-tensor comparison
 _SAVED_POSTFIX = "_ReshapedSavedOutput"  # onnxruntime's qdq_loss_debug names each exposed tensor so
 
 
@@ -166,14 +166,16 @@ def pareto_rows(candidates: list[Candidate], sizes: dict[int, int | None], chose
 def first_fp16_divergence(model: Path, feeds: list[Feed], runner: DeviceRunner, cache: ArtifactCache,
                           min_cosine: float) -> dict[str, Any]:
     """Return the first float tensor (topological order) whose FP16 value on the HTP has a cosine similarity
-    to float below min_cosine, over the first DIVERGENCE_SAMPLES feeds: {tensor, node, op_type, cosine}; the
-    tensor is None when none diverges. Raises HarnessError when the exposed model cannot run."""
+    to float below min_cosine (or is not finite), over the first DIVERGENCE_SAMPLES feeds, with every tensor
+    exposed as an output: {tensor, node, op_type, cosine, compared, lowest_tensor, lowest_cosine}; tensor is
+    None when none diverges (the lowest one is then named). Raises HarnessError when the exposed model cannot run."""
     import onnx
 
     feeds = feeds[:DIVERGENCE_SAMPLES]
     reference = float_activations(model, feeds, cache)
     run = runner.run(float_debug_model(model, cache), feeds, "htp")
     graph = onnx.load(str(model), load_external_data=False).graph
+    compared, lowest = 0, (None, 1.0)
     for node in graph.node:
         for tensor in node.output:
             got = [out.get(tensor + _SAVED_POSTFIX, out.get(tensor)) for out in run.outputs]
@@ -185,6 +187,11 @@ def first_fp16_divergence(model: Path, feeds: list[Feed], runner: DeviceRunner, 
                 continue
             with np.errstate(all="ignore"):
                 cosine = cosine_similarity([np.ravel(w) for w in want], [np.ravel(g) for g in got])
+            compared += 1
             if not np.isfinite(cosine) or cosine < min_cosine:
-                return {"tensor": tensor, "node": node.name or tensor, "op_type": node.op_type, "cosine": cosine}
-    return {"tensor": None, "node": None, "op_type": None, "cosine": None}
+                return {"tensor": tensor, "node": node.name or tensor, "op_type": node.op_type, "cosine": cosine,
+                        "compared": compared, "lowest_tensor": tensor, "lowest_cosine": cosine}
+            if cosine < lowest[1]:
+                lowest = (tensor, cosine)
+    return {"tensor": None, "node": None, "op_type": None, "cosine": None, "compared": compared,
+            "lowest_tensor": lowest[0], "lowest_cosine": lowest[1]}
