@@ -73,6 +73,12 @@ def aimet_export(model: Path, out_dir: Path, prefix: str) -> tuple[Path, dict[st
     return Path(result["model"]), {v: Path(p) for v, p in result["files"].items()}
 
 
+# silero_vad's calibration frames hold speech and silence (harness.corpus_data): on frames near its speech
+# threshold, AIMET's 8-bit encodings flip the decision of 2 of 16 (cosine still > 0.98), which PTQ's drop limit
+# (0.02 of the float decisions) then fails on its evidence, naming the interval: a verdict, not an error
+MAY_MISS_KPI = {"silero_vad": "FAIL: task_metric_drop"}
+
+
 @pytest.mark.aimet
 @pytest.mark.parametrize("name", ["mtcnn_pnet", "silero_vad"])
 def test_aimet_encodings_of_a_real_export_run_through_the_suites_unchanged(name, pytester, session_cache_dir, tmp_path):
@@ -92,6 +98,9 @@ def test_aimet_encodings_of_a_real_export_run_through_the_suites_unchanged(name,
             "-k", "ptq and not llm", "--cache-dir", str(session_cache_dir), "--kpi-json", str(kpi), "-p", "no:cacheprovider")
         record = next(r for r in json.loads(kpi.read_text())["records"] if r["step"] == "ptq")
         # a corpus model's 16 samples may not resolve the 0.02 drop either way: inconclusive (exit 7), not failed
-        assert record["outcome"] in ("passed", "inconclusive") and result.ret in (0, 7), (version, record["message"])
+        verdicts = {"passed": 0, "inconclusive": 7, **({"failed": 1} if name in MAY_MISS_KPI else {})}
+        assert record["outcome"] in verdicts and result.ret == verdicts[record["outcome"]], (version, record["message"])
+        if record["outcome"] == "failed":
+            assert MAY_MISS_KPI[name] in record["message"] and "(95% wilson, n=" in record["message"], version
         ptq = record["kpis"]
         assert ptq["runtime"] == "htp" and "+overrides" in ptq["recipe"] and ptq["cosine_similarity"] > 0.98, version
