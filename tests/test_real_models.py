@@ -139,6 +139,12 @@ EXPECT: dict[str, Expect] = {
     # beside a weight-only DequantizeLinear): activation scales computed per inference have no static QDQ form, so
     # feasibility names the nodes and conversion (of its float model) cannot start; nothing is quantized again
     "rawi_tashkeel": Expect(fails={"feasibility": "is quantized at run time", "conversion": "DynamicQuantizeLinear"}),
+    "open_nsfw": Expect(),
+    "magika": Expect(),
+    "landmark_2d106": Expect(),
+    "landmark_2d106_qdq": Expect(),
+    "khmersm": Expect(),
+    "paraphrase_minilm": Expect(),
 }
 
 

@@ -22,8 +22,8 @@ from harness.models import Thresholds
 from harness.quantization.overrides import recipe_overrides
 from harness.quantization.prequantized import check_generated, quantized_nodes
 from harness.runner.client import DeviceRunner, HtpRefusedError
-from harness.steps.inference import (accuracy_limits, host_qdq_run, reference_warning, stacked, task_metric,
-                                     task_outcomes)
+from harness.steps.inference import (accuracy_limits, host_qdq_run, judged, reference_warning, stacked,
+                                     task_metric, task_outcomes)
 from harness.steps.report import StepReport
 
 MATH_ERROR_COSINE = 0.9  # the seed's rule: below, a math/graph error; above, precision loss
@@ -174,7 +174,7 @@ def compare_quantized(outputs: list[Feed], reference: list[Feed], dataset: Datas
 def output_intervals(outputs: list[Feed], reference: list[Feed]) -> dict[str, dict]:
     """Return {kpi: Interval.as_dict()} of cosine similarity and SQNR: a bootstrap over samples."""
     n = len(outputs)
-    sums = sample_sums([list(r.values()) for r in reference], [list(o.values()) for o in outputs])
+    sums = sample_sums([list(r.values()) for r in judged(reference)], [list(o.values()) for o in judged(outputs)])
     return {"cosine_similarity": stats.bootstrap(lambda idx: cosine_from_sums(sums[idx].sum(axis=0)), n,
                                                  bounds=(-1.0, 1.0)).as_dict(),
             "sqnr_db": stats.bootstrap(lambda idx: sqnr_from_sums(sums[idx].sum(axis=0)), n).as_dict()}
