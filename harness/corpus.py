@@ -121,7 +121,7 @@ class ModelEntry(BaseModel):
     input_shapes: dict[str, list[int]]
     data: DataEntry
     freeze_inputs: dict[str, float | int | list] = {}
-    thresholds: dict[str, float | int] = {}
+    thresholds: dict[str, float | int | None] = {}  # None: a KPI recorded, not judged
     evaluation: EvaluationEntry | None = None
     exercises: str = ""
 

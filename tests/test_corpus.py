@@ -168,15 +168,6 @@ def test_manifest_refuses_two_models_needing_one_external_file_with_different_co
         corpus.check_external_data(bad)
 
 
-def test_file_bytes_are_magika_features_of_real_files():
-    from harness.corpus_data import DataRequest, file_bytes
-
-    made = file_bytes(DataRequest("magika", {"bytes": (1, 2048)}, 6, {}))
-    rows = made.arrays["bytes"]
-    assert rows.shape == (6, 1, 2048) and rows.dtype == np.int32
-    assert rows.min() >= 0 and rows.max() <= 256 and (rows[..., :1] < 256).all()  # every file starts with a byte
-    assert "real files of the Python installation" in made.description
-
 
 def test_corpus_dirs_prefer_the_explicit_directory(monkeypatch, tmp_path):
     monkeypatch.setenv("HARNESS_CORPUS_DIR", str(tmp_path))

@@ -69,6 +69,8 @@ def test_integer_outputs_copied_from_the_inputs_are_not_judged():
     assert [a.dtype for a in stacked(quantized)] == [np.float32]
     only_ids = [{"output": ids}]  # nothing floating-point: the integer outputs are what there is to judge
     assert [a.dtype for a in stacked(only_ids)] == [np.int64]
+    device = [{"output": ids.astype(np.float32), "embedding": quantized[0]["embedding"]}]  # ids come back as float
+    assert [a.dtype for a in stacked(device, reference)] == [np.float32] and len(stacked(device, reference)) == 1
 
 
 @pytest.mark.real_models

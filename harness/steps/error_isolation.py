@@ -151,18 +151,30 @@ def host_quantized_activations(exposed_model: Path, tensors: list[ExposedTensor]
     return {t.tensor: [t.dequantize(r[t.output]) for r in runs] for t in tensors}
 
 
-RETRIES_ON_REFUSAL = 2  # exposed models rebuilt without the tensors beside nodes the HTP refused
+RETRIES_ON_REFUSAL = 4  # exposed models rebuilt without the tensors beside nodes the HTP refused
 
 
 def _beside_refused(exposed_model: Path, tensors: list[ExposedTensor], refused: set[str]) -> set[str]:
-    """Return the exposed outputs next to the refused nodes: the QuantizeLinear outputs their inputs are dequantized
-    from, and those quantizing their outputs."""
+    """Return the exposed outputs next to the refused nodes and to the nodes of the same pattern (op type and the op
+    types producing its inputs through Q/DQ: the same block repeated in the next layer): the QuantizeLinear outputs
+    their inputs are dequantized from, and those quantizing their outputs."""
     import onnx
 
     nodes = onnx.load(str(exposed_model), load_external_data=False).graph.node
     producer = {o: n for n in nodes for o in n.output}
+
+    def source(name: str) -> str:
+        node = producer.get(name)
+        while node is not None and node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            node = producer.get(node.input[0])
+        return node.op_type if node is not None else "input"
+
+    def pattern(node) -> tuple:
+        return node.op_type, tuple(source(i) for i in node.input if i)
+
+    patterns = {pattern(n) for n in nodes if n.name in refused}
     near: set[str] = set()
-    for node in (n for n in nodes if n.name in refused):
+    for node in (n for n in nodes if n.name in refused or pattern(n) in patterns):
         for name in node.input:  # x_q -> DequantizeLinear -> node
             dq = producer.get(name)
             if dq is not None and dq.op_type == "DequantizeLinear":
