@@ -297,13 +297,14 @@ def _quantize_marker(name: str, entry: ModelEntry, root: Path) -> str:
     import onnxruntime
 
     calib = (root / "calib" / name / ".complete").read_text()
-    return json.dumps({"source": entry.sha256, "quantize": entry.quantize.model_dump(), "calib": calib,
+    return json.dumps({"source": entry.sha256, "quantize": entry.quantize.model_dump(), "calib": calib, "prepared": 1,
                        "onnxruntime": onnxruntime.__version__}, sort_keys=True)
 
 
 def write_quantized(name: str, entry: ModelEntry, root: Path) -> bool:
-    """Write models/<name>.onnx, the QDQ form onnxruntime's quantize_static makes of the float source on the model's
-    calibration data (uint8 activations, int8 symmetric weights, per channel when asked), unless a current one is
+    """Write models/<name>.onnx, the QDQ form onnxruntime's quantize_static makes of the float source (after its
+    quant_pre_process, which folds BatchNormalization) on the model's calibration data (uint8 activations, int8
+    symmetric weights, per channel when asked), unless a current one is
     there (models/<name>.onnx.quantized holds what it was made from); return True when it wrote it."""
     target, marker_file = model_path(root, name), model_path(root, name).with_suffix(".onnx.quantized")
     marker = _quantize_marker(name, entry, root)
@@ -311,6 +312,7 @@ def write_quantized(name: str, entry: ModelEntry, root: Path) -> bool:
         return False
     import onnx.version_converter
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
 
     samples = np.load(root / "calib" / name / f"{name}.npz")
 
@@ -329,7 +331,9 @@ def write_quantized(name: str, entry: ModelEntry, root: Path) -> bool:
         if opset < 13:  # DequantizeLinear's per-channel axis is opset 13's; quantize_static writes it at any opset
             source = Path(tmp) / "float13.onnx"
             onnx.save(onnx.version_converter.convert_version(model, 13), str(source))
-        quantize_static(str(source), str(out), Reader(), quant_format=QuantFormat.QDQ,
+        prepared = Path(tmp) / "prepared.onnx"  # onnxruntime's recommended pre-processing: BatchNormalization folded
+        quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True)
+        quantize_static(str(prepared), str(out), Reader(), quant_format=QuantFormat.QDQ,
                         activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
                         per_channel=entry.quantize.per_channel, extra_options={"WeightSymmetric": True})
         os.replace(out, target)

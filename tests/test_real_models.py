@@ -147,7 +147,10 @@ EXPECT: dict[str, Expect] = {
     # (nor the 16-bit) QDQ form: QNN_COMMON_ERROR_MEM_ALLOC with every tensor far under the VTCM (a prefix of the graph
     # through the first feed-forward block's second Gemm fails, that block alone is prepared). Feasibility says so.
     "khmersm": Expect(fails={"feasibility": "it is the quantized graph QNN cannot prepare, not the model's size"}),
-    "paraphrase_minilm": Expect(),
+    # int64 ids and mask in, their int64 copies out beside the embeddings (judged on the embeddings): 8-bit PTQ on
+    # the HTP loses the token embeddings (cosine 0.90 on 8 padded random-id sequences of 16), 16-bit activations
+    # recover them (the sweep's a16w8: 0.993)
+    "paraphrase_minilm": Expect(may_fail=PRECISION, min_ptq_cosine=0.85),
 }
 
 
