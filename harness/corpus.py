@@ -92,6 +92,24 @@ class EvaluationEntry(BaseModel):
     phrase: str | None = None  # a wake word the generator speaks (espeak-ng) into its positives
 
 
+class ExternalFile(BaseModel):
+    """A model's external-data file in its package (written beside the model under the name the model gives it)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    member: str
+    sha256: str
+
+
+class QuantizeEntry(BaseModel):
+    """A QDQ form the fetcher makes of the package's float model with onnxruntime's quantize_static (uint8
+    activations, int8 symmetric weights) on the entry's calibration data: a model that arrives quantized."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    per_channel: bool = True
+
+
 class ModelEntry(BaseModel):
     """One corpus model: where it is in its package, and the spec fields the fetcher writes."""
 
@@ -100,10 +118,12 @@ class ModelEntry(BaseModel):
     package: str
     member: str
     sha256: str
+    external_data: dict[str, ExternalFile] = {}  # file name the model's tensors point to -> where it is in the package
+    quantize: QuantizeEntry | None = None
     input_shapes: dict[str, list[int]]
     data: DataEntry
     freeze_inputs: dict[str, float | int | list] = {}
-    thresholds: dict[str, float | int] = {}
+    thresholds: dict[str, float | int | None] = {}  # None: a KPI recorded, not judged
     evaluation: EvaluationEntry | None = None
     exercises: str = ""
 
@@ -154,7 +174,23 @@ def load_manifest() -> Manifest:
     unknown = {m.package for m in [*manifest.models.values(), *manifest.llms.values()]} - set(manifest.packages)
     if unknown:
         raise ConfigError(f"harness/corpus.yaml: models name unknown package(s) {sorted(unknown)}")
+    check_external_data(manifest)
     return manifest
+
+
+def check_external_data(manifest: Manifest) -> None:
+    """Raise ConfigError when an external-data name is not a plain file name beside the model, or two models need the
+    same name with different contents (they share the models/ directory); return None."""
+    beside: dict[str, tuple[str, str]] = {}
+    for name, entry in manifest.models.items():
+        for file, external in entry.external_data.items():
+            if Path(file).name != file or file.endswith(".onnx"):
+                raise ConfigError(f"harness/corpus.yaml: model {name}: external_data '{file}' must be a plain file "
+                                  "name beside the model, not an .onnx")
+            other = beside.setdefault(file, (name, external.sha256))
+            if other[1] != external.sha256:
+                raise ConfigError(f"harness/corpus.yaml: models {other[0]} and {name} both need models/{file} with "
+                                  "different contents")
 
 
 def default_dir() -> Path:
@@ -170,6 +206,11 @@ def spec_path(root: Path, name: str) -> Path:
 def model_path(root: Path, name: str) -> Path:
     """Return where corpus model `name`'s ONNX file lives under root."""
     return Path(root) / "models" / f"{name}.onnx"
+
+
+def float_source_path(root: Path, name: str) -> Path:
+    """Return where the package's float model of a corpus model the fetcher quantizes (`quantize:`) lives."""
+    return Path(root) / "models" / f"{name}.float.onnx"
 
 
 def llm_checkpoint_path(root: Path, name: str) -> Path:
@@ -223,16 +264,82 @@ def _read_member(archive: Path, member: str) -> bytes:
         raise CorpusError(f"cannot read {archive.name}: {e}") from None
 
 
+def _extracted_files(name: str, entry: ModelEntry | LlmEntry, root: Path) -> dict[Path, tuple[str, str]]:
+    """The files a model's extraction writes: target path -> (member, sha256): the model (its float source when the
+    fetcher quantizes it) and its external-data files beside it."""
+    if isinstance(entry, LlmEntry):
+        return {llm_checkpoint_path(root, name): (entry.member, entry.sha256)}
+    model = float_source_path(root, name) if entry.quantize else model_path(root, name)
+    return {model: (entry.member, entry.sha256),
+            **{model.parent / file: (e.member, e.sha256) for file, e in entry.external_data.items()}}
+
+
+def extracted(name: str, entry: ModelEntry | LlmEntry, root: Path) -> bool:
+    """True when every file the model's extraction writes is there with its sha256."""
+    return all(t.is_file() and sha256_file(t) == sha for t, (_, sha) in _extracted_files(name, entry, root).items())
+
+
 def extract(name: str, entry: ModelEntry | LlmEntry, archive: Path, root: Path) -> bool:
-    """Extract the model to models/<name>.onnx (a language model's checkpoint to models/<name>.gguf), sha256
-    checked; return True when it wrote the file."""
-    target = llm_checkpoint_path(root, name) if isinstance(entry, LlmEntry) else model_path(root, name)
-    if target.is_file() and sha256_file(target) == entry.sha256:
+    """Extract the model to models/<name>.onnx (a language model's checkpoint to models/<name>.gguf; the float
+    source of a model the fetcher quantizes to models/<name>.float.onnx) and its external-data files beside it, each
+    sha256 checked; return True when it wrote a file."""
+    wrote = False
+    for target, (member, sha256) in _extracted_files(name, entry, root).items():
+        if target.is_file() and sha256_file(target) == sha256:
+            continue
+        data = _read_member(archive, member)
+        if hashlib.sha256(data).hexdigest() != sha256:
+            raise CorpusError(f"{archive.name}:{member}: sha256 differs from harness/corpus.yaml (model {name})")
+        write_atomically(target, data)
+        wrote = True
+    return wrote
+
+
+def _quantize_marker(name: str, entry: ModelEntry, root: Path) -> str:
+    import onnxruntime
+
+    calib = (root / "calib" / name / ".complete").read_text()
+    return json.dumps({"source": entry.sha256, "quantize": entry.quantize.model_dump(), "calib": calib, "prepared": 1,
+                       "onnxruntime": onnxruntime.__version__}, sort_keys=True)
+
+
+def write_quantized(name: str, entry: ModelEntry, root: Path) -> bool:
+    """Write models/<name>.onnx, the QDQ form onnxruntime's quantize_static makes of the float source (after its
+    quant_pre_process, which folds BatchNormalization) on the model's calibration data (uint8 activations, int8
+    symmetric weights, per channel when asked), unless a current one is
+    there (models/<name>.onnx.quantized holds what it was made from); return True when it wrote it."""
+    target, marker_file = model_path(root, name), model_path(root, name).with_suffix(".onnx.quantized")
+    marker = _quantize_marker(name, entry, root)
+    if target.is_file() and marker_file.is_file() and marker_file.read_text() == marker:
         return False
-    data = _read_member(archive, entry.member)
-    if hashlib.sha256(data).hexdigest() != entry.sha256:
-        raise CorpusError(f"{archive.name}:{entry.member}: sha256 differs from harness/corpus.yaml (model {name})")
-    write_atomically(target, data)
+    import onnx.version_converter
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    samples = np.load(root / "calib" / name / f"{name}.npz")
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.rows = iter(range(len(next(iter(samples.values())))))
+
+        def get_next(self) -> dict | None:
+            k = next(self.rows, None)
+            return None if k is None else {n: samples[n][k] for n in samples.files}
+
+    with tempfile.TemporaryDirectory(prefix=f".{name}-", dir=target.parent) as tmp:
+        out, source = Path(tmp) / target.name, float_source_path(root, name)
+        model = onnx.load(str(source))
+        opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+        if opset < 13:  # DequantizeLinear's per-channel axis is opset 13's; quantize_static writes it at any opset
+            source = Path(tmp) / "float13.onnx"
+            onnx.save(onnx.version_converter.convert_version(model, 13), str(source))
+        prepared = Path(tmp) / "prepared.onnx"  # onnxruntime's recommended pre-processing: BatchNormalization folded
+        quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True)
+        quantize_static(str(prepared), str(out), Reader(), quant_format=QuantFormat.QDQ,
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                        per_channel=entry.quantize.per_channel, extra_options={"WeightSymmetric": True})
+        os.replace(out, target)
+    write_atomically(marker_file, marker.encode())
     return True
 
 
@@ -345,8 +452,9 @@ def spec_text(name: str, entry: ModelEntry, package: PackageEntry) -> str:
         spec["evaluation"] = _evaluation_section(name, entry.evaluation)
     if entry.thresholds:
         spec["thresholds"] = entry.thresholds
-    header = (f"# {name}: {entry.member} from {package.requirement} (written by `python -m harness corpus fetch`)\n"
-              f"# exercises: {entry.exercises}\n")
+    made = " quantized to QDQ by onnxruntime's quantize_static on calib/" + name if entry.quantize else ""
+    header = (f"# {name}: {entry.member} from {package.requirement}{made} (written by `python -m harness corpus "
+              f"fetch`)\n# exercises: {entry.exercises}\n")
     return header + yaml.safe_dump(spec, sort_keys=False, default_flow_style=None)
 
 
@@ -390,16 +498,18 @@ def fetch(root: Path | None = None, log: Callable[[str], None] = print) -> list[
     models: dict[str, Path] = {}
     wrote: dict[str, bool] = {}
     for name, entry in manifest.models.items():  # extract everything first: some data chains models
-        target = model_path(root, name)
-        if not (target.is_file() and sha256_file(target) == entry.sha256):
+        if not extracted(name, entry, root):
             if entry.package not in archives:
                 archives[entry.package] = download(manifest.packages[entry.package], root / "archives", log)
             extract(name, entry, archives[entry.package], root)
             wrote[name] = True
-        models[name] = target
+        models[name] = float_source_path(root, name) if entry.quantize else model_path(root, name)
     fetched = []
     for name, entry in manifest.models.items():
         wrote[name] = write_calibration(name, entry, root, models) or wrote.get(name, False)
+        if entry.quantize:
+            models[name] = model_path(root, name)
+            wrote[name] = write_quantized(name, entry, root) or wrote[name]
         if entry.evaluation is not None:
             def archive(package: str = entry.package) -> Path:
                 if package not in archives:

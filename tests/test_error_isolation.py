@@ -96,3 +96,39 @@ def test_an_htp_only_divergence_is_told_apart(demo, cache):
     rows, _ = ei.compare_layers(demo.converted_model(), float_acts, host, htp, tensors)
     first, first_host, cause = ei.divergence(rows)
     assert (first.tensor, first_host, cause) == ("relu2_out", None, "htp")
+
+
+def test_exposures_beside_refused_nodes_and_their_repeats_are_dropped(tmp_path):
+    """When the HTP refuses a node once its neighbours are graph outputs (an attention's Transpose -> MatMul), error
+    isolation drops the exposed tensors beside it and beside the same pattern in the next layer, and nothing else."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from harness.steps.error_isolation import ExposedTensor, _beside_refused
+
+    nodes, inits, exposed = [], [], []
+
+    def qdq(name: str) -> str:
+        inits.extend([numpy_helper.from_array(np.array(0.1, np.float32), f"{name}_s"),
+                      numpy_helper.from_array(np.array(128, np.uint8), f"{name}_z")])
+        nodes.append(helper.make_node("QuantizeLinear", [name, f"{name}_s", f"{name}_z"], [f"{name}_q"], name=f"{name}_Q"))
+        nodes.append(helper.make_node("DequantizeLinear", [f"{name}_q", f"{name}_s", f"{name}_z"], [f"{name}_dq"],
+                                      name=f"{name}_DQ"))
+        exposed.append(ExposedTensor(name, f"{name}_q", 0.1, 128, 8))
+        return f"{name}_dq"
+
+    nodes.append(helper.make_node("Relu", [qdq("x")], ["rin"], name="ReluIn"))
+    x = qdq("rin")
+    for layer in (0, 1):
+        t = qdq(f"t{layer}")
+        nodes.insert(len(nodes) - 2, helper.make_node("Transpose", [x], [f"t{layer}"], name=f"T{layer}", perm=[1, 0]))
+        nodes.append(helper.make_node("MatMul", [x, t], [f"m{layer}"], name=f"MatMul{layer}"))
+        x = qdq(f"m{layer}")
+        nodes.append(helper.make_node("Relu", [x], [f"r{layer}"], name=f"Relu{layer}"))
+        x = qdq(f"r{layer}")
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 4])],
+                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, [4, 4])], inits)
+    path = tmp_path / "exposed.onnx"
+    onnx.save(helper.make_model(graph), str(path))
+    dropped = _beside_refused(path, exposed, {"MatMul0"})
+    assert dropped == {"rin_q", "t0_q", "m0_q", "r0_q", "t1_q", "m1_q"}  # both MatMuls' inputs and outputs
+    assert _beside_refused(path, exposed, {"not-in-the-graph"}) == set()

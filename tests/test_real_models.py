@@ -147,6 +147,18 @@ EXPECT: dict[str, Expect] = {
     # beside a weight-only DequantizeLinear): activation scales computed per inference have no static QDQ form, so
     # feasibility names the nodes and conversion (of its float model) cannot start; nothing is quantized again
     "rawi_tashkeel": Expect(fails={"feasibility": "is quantized at run time", "conversion": "DynamicQuantizeLinear"}),
+    "open_nsfw": Expect(),
+    "landmark_2d106": Expect(),
+    "landmark_2d106_qdq": Expect(),
+    # model.onnx + model.onnx.data, int64 character ids and a bool padding mask: conversion and the float run on the
+    # device pass; its float graph is prepared on the v75 HTP in FP16 (every node), but QNN cannot finalize the 8-bit
+    # (nor the 16-bit) QDQ form: QNN_COMMON_ERROR_MEM_ALLOC with every tensor far under the VTCM (a prefix of the graph
+    # through the first feed-forward block's second Gemm fails, that block alone is prepared). Feasibility says so.
+    "khmersm": Expect(fails={"feasibility": "it is the quantized graph QNN cannot prepare, not the model's size"}),
+    # int64 ids and mask in, their int64 copies out beside the embeddings (judged on the embeddings): 8-bit PTQ on
+    # the HTP loses the token embeddings (cosine 0.90 on 8 padded random-id sequences of 16), 16-bit activations
+    # recover them (the sweep's a16w8: 0.993)
+    "paraphrase_minilm": Expect(may_fail=PRECISION, min_ptq_cosine=0.85),
 }
 
 
@@ -288,8 +300,10 @@ def check_kpis(name: str, soc: str, expect: Expect, got: dict) -> None:
     feasibility = got["feasibility"]
     if feasibility["outcome"] == "passed":
         assert feasibility["kpis"]["unsupported_ops"] == [], f"{where}: {feasibility['kpis']['unsupported_ops']}"
-    elif "feasibility" in expect.fails:
-        assert feasibility["kpis"]["unsupported_ops"], f"{where}: feasibility failed without naming op types"
+    elif "feasibility" in expect.fails:  # op types the HTP refuses, or what QNN's failure to prepare means
+        assert feasibility["kpis"]["unsupported_ops"] or all(
+            text in feasibility["message"] for text in ("could not finalize", "largest activations", "what to try")), \
+            f"{where}: feasibility failed without naming op types or explaining QNN: {feasibility['message']}"
     ptq = got["ptq"]
     if ptq["outcome"] in ("passed", "failed"):  # the report says what data it used, how many samples and why
         assert "samples from" in ptq["kpis"]["dataset"] and "evaluated on" in ptq["kpis"]["dataset"], \

@@ -31,7 +31,7 @@ from harness.data import Dataset, Feed
 from harness.errors import StepError
 from harness.metrics import as_flat, cosine_similarity, mean_abs_error, sqnr_db
 from harness.reporting import charts
-from harness.runner.client import DeviceRunner
+from harness.runner.client import DeviceRunner, HtpRefusedError
 from harness.steps.inference import host_qdq_run
 from harness.steps.ptq import MATH_ERROR_COSINE
 from harness.steps.report import StepReport
@@ -158,17 +158,81 @@ def host_quantized_activations(exposed_model: Path, tensors: list[ExposedTensor]
     return {t.tensor: [t.dequantize(r[t.output]) for r in runs] for t in tensors}
 
 
+RETRIES_ON_REFUSAL = 4  # exposed models rebuilt without the tensors beside nodes the HTP refused
+
+
+def _beside_refused(exposed_model: Path, tensors: list[ExposedTensor], refused: set[str]) -> set[str]:
+    """Return the exposed outputs next to the refused nodes and to the nodes of the same pattern (op type and the op
+    types producing its inputs through Q/DQ: the same block repeated in the next layer): the QuantizeLinear outputs
+    their inputs are dequantized from, and those quantizing their outputs."""
+    import onnx
+
+    nodes = onnx.load(str(exposed_model), load_external_data=False).graph.node
+    producer = {o: n for n in nodes for o in n.output}
+
+    def source(name: str) -> str:
+        node = producer.get(name)
+        while node is not None and node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            node = producer.get(node.input[0])
+        return node.op_type if node is not None else "input"
+
+    def pattern(node) -> tuple:
+        return node.op_type, tuple(source(i) for i in node.input if i)
+
+    patterns = {pattern(n) for n in nodes if n.name in refused}
+    near: set[str] = set()
+    for node in (n for n in nodes if n.name in refused or pattern(n) in patterns):
+        for name in node.input:  # x_q -> DequantizeLinear -> node
+            dq = producer.get(name)
+            if dq is not None and dq.op_type == "DequantizeLinear":
+                near.add(dq.input[0])
+        near |= {q.output[0] for q in nodes if q.op_type == "QuantizeLinear" and q.input[0] in node.output}
+    return near & {t.output for t in tensors}
+
+
+def _without_outputs(exposed_model: Path, dropped: set[str], cache: ArtifactCache) -> Path:
+    """Return a copy of the exposed model without the graph outputs dropped (cached)."""
+    def build(out: Path) -> None:
+        import onnx
+
+        model = onnx.load(str(exposed_model))
+        kept = [o for o in model.graph.output if o.name not in dropped]
+        del model.graph.output[:]
+        model.graph.output.extend(kept)
+        onnx.save(model, str(out / "model.onnx"))
+
+    return cache.entry("exposed", content_key("exposed-without-v1", exposed_model, sorted(dropped)), build).path \
+        / "model.onnx"
+
+
 def device_quantized_activations(exposed_model: Path, tensors: list[ExposedTensor], feeds: list[Feed],
-                                 runner: DeviceRunner) -> tuple[dict[str, list[np.ndarray]], int]:
-    """Return the dequantized activations of the exposed QDQ model on the device's `htp` runtime,
-    and how many graph nodes the HTP ran (CPU fallback is disabled, so that is all of them)."""
-    run = runner.run(exposed_model, feeds, "htp")
+                                 runner: DeviceRunner, cache: ArtifactCache
+                                 ) -> tuple[dict[str, list[np.ndarray]], int, list[ExposedTensor]]:
+    """Return the dequantized activations of the exposed QDQ model on the device's `htp` runtime, how many graph
+    nodes the HTP ran (CPU fallback is disabled, so that is all of them), and the tensors left unexposed: a tensor
+    made a graph output can stop QNN from fusing the nodes around it (an attention's Transpose into its MatMul),
+    so when the HTP refuses nodes of the exposed model the tensors beside them are not exposed (up to
+    RETRIES_ON_REFUSAL times)."""
+    dropped: set[str] = set()
+    model = exposed_model
+    for attempt in range(RETRIES_ON_REFUSAL + 1):
+        try:
+            run = runner.run(model, feeds, "htp")
+            break
+        except HtpRefusedError as e:
+            more = _beside_refused(exposed_model, tensors, {n.node for n in e.nodes}) - dropped
+            if not more or attempt == RETRIES_ON_REFUSAL:
+                raise
+            dropped |= more
+            model = _without_outputs(exposed_model, dropped, cache)
+    left_out = [t for t in tensors if t.output in dropped]
+    tensors = [t for t in tensors if t.output not in dropped]
     missing = [t.output for t in tensors if run.outputs and t.output not in run.outputs[0]]
     if missing:
         raise StepError(f"the device runner returned no output for {len(missing)} exposed tensor(s), "
                         f"e.g. {missing[0]}")
     acts = {t.tensor: [t.dequantize(o[t.output]) for o in run.outputs] for t in tensors}
-    return acts, sum(p.on_htp for p in run.placement)
+    return acts, sum(p.on_htp for p in run.placement), left_out
 
 
 # ------------------------------------------------------------------------------------ compare
@@ -266,10 +330,10 @@ def isolate_errors(float_model: Path, qdq_model: Path, dataset: Dataset, runner:
         raise StepError("error isolation needs at least one evaluation sample")
     exposed_model, tensors = expose_quantized_tensors(qdq_model, cache)
     with ThreadPoolExecutor(1, thread_name_prefix="htp-activations") as pool:  # the host's runs overlap the device's
-        device = pool.submit(device_quantized_activations, exposed_model, tensors, feeds, runner)
+        device = pool.submit(device_quantized_activations, exposed_model, tensors, feeds, runner, cache)
         float_acts = float_activations(float_model, feeds, cache)
         host_acts = host_quantized_activations(exposed_model, tensors, feeds)
-        htp_acts, htp_nodes = device.result()
+        htp_acts, htp_nodes, left_out = device.result()
     rows, not_compared = compare_layers(float_model, float_acts, host_acts, htp_acts, tensors)
     if not rows:
         raise StepError(f"no quantized activation of {qdq_model.name} matches a tensor of {float_model.name}")
@@ -295,6 +359,10 @@ def isolate_errors(float_model: Path, qdq_model: Path, dataset: Dataset, runner:
         "math_error_cosine": MATH_ERROR_COSINE,
     }
     report.tables["per_layer"] = [_table_row(r) for r in rows]
+    if left_out:
+        report.kpis["tensors_not_exposed_on_htp"] = [t.tensor for t in left_out]
+        report.notes.append(f"{len(left_out)} activation(s) beside nodes the HTP refused once their neighbours were "
+                            f"graph outputs were not compared on the HTP: {', '.join(t.tensor for t in left_out[:6])}")
     if cause == "htp":
         report.notes.append(f"{first.node} ({first.op_type}) diverges on the HTP (cosine {first.cosine_htp:.3f}) but "
                             f"not in host QDQ emulation ({first.cosine_host:.3f}): an HTP kernel/runtime issue, "

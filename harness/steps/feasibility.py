@@ -289,7 +289,11 @@ def _explain(report: StepReport, model: onnx.ModelProto, forms: dict[str, FormPl
     htp = f"the {soc.name} HTP (v{soc.htp_arch})"
     checked = ships.label or FORM_LABELS[ships.form]
     if ships.finalize_failed:
-        report.failures.append(f"the {checked} cannot be prepared for {htp}: {ships.session_error}")
+        float_form = forms.get("float")
+        prepared = float_form is not None and float_form is not ships and float_form.session_error is None
+        report.failures.append(f"the {checked} cannot be prepared for {htp}: {ships.session_error}" + (
+            f"\nthe float graph is prepared on {htp} in FP16 ({float_form.on_htp} of {float_form.placed} nodes on "
+            "the HTP): it is the quantized graph QNN cannot prepare, not the model's size" if prepared else ""))
     elif ships.session_error is not None:
         ops = sorted({n.op_type for n in ships.outside})
         report.failures.append(

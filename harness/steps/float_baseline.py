@@ -33,9 +33,9 @@ def float_baseline(model: Path, dataset: Dataset, reference: list[Feed], runner:
     report.kpis = {
         "runtime": "cpu",
         "samples": len(run.outputs),
-        "max_abs_diff": max_abs_diff(stacked(reference), stacked(run.outputs)),
+        "max_abs_diff": max_abs_diff(stacked(reference), stacked(run.outputs, reference)),
         "elements_out_of_tolerance": mismatched,
-        "cosine_similarity": cosine_similarity(stacked(reference), stacked(run.outputs)),
+        "cosine_similarity": cosine_similarity(stacked(reference), stacked(run.outputs, reference)),
         "task_metric_name": name,
         "task_metric": value,
         "host_task_metric": ref_value,

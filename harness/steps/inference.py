@@ -72,7 +72,9 @@ def accuracy_limits(thresholds: Thresholds, sqnr: bool = True) -> list[Limit]:
 def task_outcomes(outputs: list[Feed], dataset: Dataset, reference: list[Feed]) -> tuple[str, np.ndarray | None]:
     """Return the task metric's name and its per-sample outcomes (True: correct / agreeing), which the metric is
     the share of: for a classifier top-1 correct with labels, else top-1 agreement with reference; for a detector
-    (one probability per sample) the same side of 0.5 as the reference; else ('cosine_similarity', None)."""
+    (one probability per sample) the same side of 0.5 as the reference; else ('cosine_similarity', None). Judged on
+    the floating-point outputs (see judged)."""
+    outputs, reference = judged(outputs, reference), judged(reference)
     first = next(iter(outputs[0])) if outputs else None
     classifier = first is not None and is_classifier_output(tuple(np.shape(outputs[0][first])))
     if dataset.labelled and classifier:
@@ -94,7 +96,7 @@ def task_metric(outputs: list[Feed], dataset: Dataset, reference: list[Feed]) ->
         return dataset.task.metric.name, dataset.task.value(outputs, dataset.labels)
     name, outcomes = task_outcomes(outputs, dataset, reference)
     if outcomes is None:
-        return name, cosine_similarity(stacked(reference), stacked(outputs))
+        return name, cosine_similarity(stacked(reference), stacked(outputs, reference))
     return name, float(np.mean(outcomes)) if len(outcomes) else 0.0
 
 
@@ -112,6 +114,22 @@ def reference_warning(reference: list[Feed]) -> str | None:
             "negative, and the cosine/SQNR of near-zero probabilities measure rounding; calibrate with positives")
 
 
-def stacked(outputs: list[Feed]) -> list[np.ndarray]:
-    """Return every output tensor of every sample, flattened into one list (for metrics)."""
-    return [np.asarray(v) for o in outputs for v in o.values()]
+def judged(outputs: list[Feed], like: list[Feed] | None = None) -> list[Feed]:
+    """Return outputs with only the tensors that are floating-point in like (default: outputs), the ones quantization
+    changes: an integer or bool output (a BERT export's copy of its token ids or mask) is not quantized, and judging on
+    it would hide what changed (a copied id sequence taken for a classifier's scores, ids of 30000 outweighing
+    embeddings in the cosine); outputs as they are when none is floating-point. Pass the float reference as like, so
+    the device's outputs (which may come back as float) keep the same tensors."""
+    like = like or outputs
+    if not outputs or not like:
+        return outputs
+    floats = [k for k, v in like[0].items() if np.issubdtype(np.asarray(v).dtype, np.floating)]
+    if not floats or len(floats) == len(like[0]):
+        return outputs
+    return [{k: o[k] for k in floats if k in o} for o in outputs]
+
+
+def stacked(outputs: list[Feed], like: list[Feed] | None = None) -> list[np.ndarray]:
+    """Return every output tensor of every sample that is floating-point in like (see judged), flattened into one
+    list (for metrics)."""
+    return [np.asarray(v) for o in judged(outputs, like) for v in o.values()]

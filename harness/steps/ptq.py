@@ -22,8 +22,8 @@ from harness.models import Thresholds
 from harness.quantization.overrides import recipe_overrides
 from harness.quantization.prequantized import check_generated, quantized_nodes
 from harness.runner.client import DeviceRunner, HtpRefusedError
-from harness.steps.inference import (accuracy_limits, host_qdq_run, reference_warning, stacked, task_metric,
-                                     task_outcomes)
+from harness.steps.inference import (accuracy_limits, host_qdq_run, judged, reference_warning, stacked,
+                                     task_metric, task_outcomes)
 from harness.steps.report import StepReport
 
 MATH_ERROR_COSINE = 0.9  # the seed's rule: below, a math/graph error; above, precision loss
@@ -151,7 +151,7 @@ def compare_quantized(outputs: list[Feed], reference: list[Feed], dataset: Datas
     task metric, its drop, cosine similarity and SQNR over the samples (kpis["intervals"], see
     accuracy_intervals); with the model spec's evaluation section, the task metric is its metric on its labels,
     with its ratio to float (harness.evaluation.task)."""
-    cos = cosine_similarity(stacked(reference), stacked(outputs))
+    cos = cosine_similarity(stacked(reference), stacked(outputs, reference))
     if dataset.task is not None:
         task = dataset.task.compare(outputs, reference, dataset.labels)
         intervals = {**task.pop(INTERVALS_KEY), **output_intervals(outputs, reference)}
@@ -163,8 +163,8 @@ def compare_quantized(outputs: list[Feed], reference: list[Feed], dataset: Datas
     return {
         **task,
         "cosine_similarity": cos,
-        "sqnr_db": sqnr_db(stacked(reference), stacked(outputs)),
-        "mae": mean_abs_error(stacked(reference), stacked(outputs)),
+        "sqnr_db": sqnr_db(stacked(reference), stacked(outputs, reference)),
+        "mae": mean_abs_error(stacked(reference), stacked(outputs, reference)),
         "diagnosis": ("likely math/graph error (cosine similarity < 0.9): isolate layer by layer"
                       if cos < MATH_ERROR_COSINE else "precision loss (cosine similarity >= 0.9): tune encodings"),
         INTERVALS_KEY: intervals,
@@ -173,7 +173,8 @@ def compare_quantized(outputs: list[Feed], reference: list[Feed], dataset: Datas
 
 def output_intervals(outputs: list[Feed], reference: list[Feed]) -> dict[str, dict]:
     """Return {kpi: Interval.as_dict()} of cosine similarity and SQNR: a bootstrap over samples."""
-    sums = sample_sums([list(r.values()) for r in reference], [list(o.values()) for o in outputs])
+    sums = sample_sums([list(r.values()) for r in judged(reference)],
+                       [list(o.values()) for o in judged(outputs, reference)])
     return {"cosine_similarity": stats.bootstrap_of_sums(sums, cosine_from_sums, bounds=(-1.0, 1.0)).as_dict(),
             "sqnr_db": stats.bootstrap_of_sums(sums, sqnr_from_sums).as_dict()}
 
@@ -267,7 +268,8 @@ def ptq(qdq_model: Path, recipe: QuantRecipe, dataset: Dataset, reference: list[
         host = dataset.task.compare(host_outputs, reference, dataset.labels)
         report.kpis.update({"host_qdq_task_metric": host["task_metric"],
                             "host_qdq_task_metric_ratio": host["task_metric_ratio"],
-                            "host_qdq_cosine_similarity": cosine_similarity(stacked(reference), stacked(host_outputs))})
+                            "host_qdq_cosine_similarity": cosine_similarity(stacked(reference),
+                                                                            stacked(host_outputs, reference))})
     if (note := resolution_note(len(run.outputs), resolvable, thresholds, inference_s)) is not None:
         report.notes.append(note)
     report.notes.extend(dataset.warnings)

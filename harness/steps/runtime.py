@@ -56,7 +56,7 @@ def runtime(ctx: ContextBinary, feeds: list[Feed], runner: DeviceRunner) -> Step
         host_run_ = pool.submit(host_run, ctx, samples, soc)
         device = runner.run(ctx.model, samples, "htp")
         host = host_run_.result()
-    ref, out = stacked(host), stacked(device.outputs)
+    ref, out = stacked(host), stacked(device.outputs, host)
     spread = max((float(np.ptp(np.asarray(r))) for r in ref), default=0.0)
     report = StepReport("runtime")
     report.kpis = {
