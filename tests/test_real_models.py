@@ -20,6 +20,9 @@ import pytest
 from real_models_helpers import real_model_spec
 
 pytestmark = [pytest.mark.real_models, pytest.mark.timeout(1800)]  # a slow model takes minutes; CI: --timeout 900
+# the suite subprocess is killed by pytester before the test's own timeout: pytest-timeout ending the test alone
+# left the suite running (and its device runner busy) beside the next tests
+SUITE_TIMEOUT_S = 1700
 
 SUITES = Path(__file__).resolve().parent.parent / "suites"
 STEPS = ("feasibility", "conversion", "float_baseline", "ptq", "error_isolation", "sweep", "mixed_precision",
@@ -184,7 +187,7 @@ def onboard(pytester: pytest.Pytester, session_cache_dir: Path, monkeypatch: pyt
         result = pytester.runpytest_subprocess(str(SUITES), "--model", str(real_model_spec(name)), *devices, *validation,
                                                "--aimet", "off",
                                                "--cache-dir", str(session_cache_dir), "--kpi-json", str(kpi),
-                                               "-p", "no:cacheprovider", "-rA")
+                                               "-p", "no:cacheprovider", "-rA", timeout=SUITE_TIMEOUT_S)
         records = json.loads(kpi.read_text())["records"] if kpi.exists() else []
         return result, {(r["soc"], r["step"]): r for r in records}
     return _run
