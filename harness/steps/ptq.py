@@ -151,7 +151,8 @@ def compare_quantized(outputs: list[Feed], reference: list[Feed], dataset: Datas
     task metric, its drop, cosine similarity and SQNR over the samples (kpis["intervals"], see
     accuracy_intervals); with the model spec's evaluation section, the task metric is its metric on its labels,
     with its ratio to float (harness.evaluation.task)."""
-    cos = cosine_similarity(stacked(reference), stacked(outputs, reference))
+    ref, out = stacked(reference), stacked(outputs, reference)
+    cos = cosine_similarity(ref, out)
     if dataset.task is not None:
         task = dataset.task.compare(outputs, reference, dataset.labels)
         intervals = {**task.pop(INTERVALS_KEY), **output_intervals(outputs, reference)}
@@ -163,8 +164,8 @@ def compare_quantized(outputs: list[Feed], reference: list[Feed], dataset: Datas
     return {
         **task,
         "cosine_similarity": cos,
-        "sqnr_db": sqnr_db(stacked(reference), stacked(outputs, reference)),
-        "mae": mean_abs_error(stacked(reference), stacked(outputs, reference)),
+        "sqnr_db": sqnr_db(ref, out),
+        "mae": mean_abs_error(ref, out),
         "diagnosis": ("likely math/graph error (cosine similarity < 0.9): isolate layer by layer"
                       if cos < MATH_ERROR_COSINE else "precision loss (cosine similarity >= 0.9): tune encodings"),
         INTERVALS_KEY: intervals,
