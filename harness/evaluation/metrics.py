@@ -109,7 +109,11 @@ class Metric:
 
     def of_parts(self, rows: np.ndarray) -> float:
         """Return the metric of samples whose parts are rows."""
-        numerator, denominator = rows.sum(axis=0) if len(rows) else (0.0, 0.0)
+        return self.of_totals(rows.sum(axis=0) if len(rows) else np.zeros(2))
+
+    def of_totals(self, totals: np.ndarray) -> float:
+        """Return the metric of samples whose parts add up to totals (numerator, denominator)."""
+        numerator, denominator = totals
         return float(numerator / denominator) if denominator else self.empty
 
     def value(self, predictions: list, labels: list) -> float:

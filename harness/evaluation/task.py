@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -115,27 +115,29 @@ class TaskEvaluation:
             ratio = (Interval(1 - drop.high / f, 1 - drop.low / f, n, drop.method) if f > 0 else None)
             return {"task_metric": stats.wilson(int(q_ok.sum()), n), "task_metric_drop": drop,
                     **({"task_metric_ratio": ratio} if ratio is not None else {})}
-        if metric.parts is not None:
-            q_rows, f_rows = metric.table(quantized, truth), metric.table(floating, truth)
+        if metric.parts is not None:  # a built-in: each resample's metric from its parts' totals (one matrix product)
+            rows = np.hstack([metric.table(quantized, truth), metric.table(floating, truth)])
 
-            def values(idx: np.ndarray) -> tuple[float, float]:
-                return metric.of_parts(q_rows[idx]), metric.of_parts(f_rows[idx])
+            def interval(of: Callable[[float, float], float], bounds: tuple[float, float] | None) -> Interval:
+                return stats.bootstrap_of_sums(rows, lambda t: of(metric.of_totals(t[:2]), metric.of_totals(t[2:])),
+                                               bounds=bounds)
         else:
             def values(idx: np.ndarray) -> tuple[float, float]:
                 pick = [int(i) for i in idx]
                 return (metric.value([quantized[i] for i in pick], [truth[i] for i in pick]),
                         metric.value([floating[i] for i in pick], [truth[i] for i in pick]))
 
-        def ratio_of(idx: np.ndarray) -> float:
-            r = metric.ratio(*values(idx))
+            def interval(of: Callable[[float, float], float], bounds: tuple[float, float] | None) -> Interval:
+                return stats.bootstrap(lambda idx: of(*values(idx)), n, bounds=bounds)
+
+        def ratio_of(q: float, f: float) -> float:
+            r = metric.ratio(q, f)
             return math.nan if r is None else r
 
         builtin = metric.best is not None  # a built-in's range is known: [0, 1] (cer beyond 1 only on garbage)
         worst = 0.0 if metric.higher_is_better else 1.0
         top = metric.ratio(metric.best, f) if builtin else None
-        return {"task_metric": stats.bootstrap(lambda idx: values(idx)[0], n, bounds=(0.0, 1.0) if builtin else None),
-                "task_metric_drop": stats.bootstrap(lambda idx: metric.drop(*values(idx)), n,
-                                                    bounds=(metric.drop(metric.best, f), metric.drop(worst, f))
-                                                    if builtin else None),
-                "task_metric_ratio": stats.bootstrap(ratio_of, n, bounds=(0.0, top)
-                                                     if top is not None and math.isfinite(top) else None)}
+        return {"task_metric": interval(lambda q, _: q, (0.0, 1.0) if builtin else None),
+                "task_metric_drop": interval(metric.drop, (metric.drop(metric.best, f), metric.drop(worst, f))
+                                             if builtin else None),
+                "task_metric_ratio": interval(ratio_of, (0.0, top) if top is not None and math.isfinite(top) else None)}
