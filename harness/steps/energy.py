@@ -12,6 +12,9 @@ inference the modelled latency x the throttle factor), so the figure is (load - 
 latency, whatever the host's speed; the simulator's own inferences are `simulator_inferences`.
 The figure carries a 95 % interval from the spread of the power readings over the run (energy_interval): a
 limit fails only when the whole interval is beyond it, and is inconclusive when it straddles it.
+Because the readings lag the load by up to POWER_LAG_S, the idle power (the baseline subtracted from every reading)
+and the run's spread are taken from each phase after its first POWER_LAG_S (settled): the first idle readings
+still show the work before it (the probe inference), the first run readings the ramp up.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ from harness.steps.report import StepReport
 CHARGER_STATUSES = ("charging", "full", "not charging")
 MIN_RUN_SAMPLES = 5
 ENERGY_BLOCKS = 5  # blocks of the run's power readings whose spread gives the energy figure's interval
-TAIL_S = 1.0  # sampling after the run, so energy reported late by the power readings is counted
+POWER_LAG_S = 1.0  # how long power readings may lag the load (a fuel gauge's average, the emulated model's refresh)
+TAIL_S = 1.5  # sampling after the run, so energy reported late by the power readings is counted
 
 
 def warm_inference_s(runner: DeviceRunner, model: Path, feed: Feed, iterations: int = 5) -> float:
@@ -62,7 +66,7 @@ def energy(ctx: ContextBinary, feeds: list[Feed], runner: DeviceRunner, threshol
                                                     thermal_status=False, tail_s=TAIL_S))
     soak = soak_run(run, source)
     idle, busy = soak.phase("idle"), soak.phase("soak")
-    idle_w, busy_w = mean_power_w(idle), mean_power_w(busy)
+    idle_w, busy_w = mean_power_w(settled(idle)), mean_power_w(busy)
     statuses = sorted({s.battery_status for s in soak.samples if s.battery_status})
     report = StepReport("energy")
     report.kpis = {
@@ -84,9 +88,10 @@ def energy(ctx: ContextBinary, feeds: list[Feed], runner: DeviceRunner, threshol
         report.kpis.update(power_usable=True, energy_per_inference_mj=1000.0 * above_j / count,
                            energy_per_inference_total_mj=1000.0 * (above_j + idle_w * soak.duration_s) / count,
                            inferences_per_joule=count / above_j if above_j > 0 else None)
-        interval = energy_interval(busy, idle, idle_w, soak.duration_s / count, report.kpis["energy_per_inference_mj"])
+        interval = energy_interval(settled(busy), settled(idle), idle_w, soak.duration_s / count,
+                                   report.kpis["energy_per_inference_mj"])
         if interval is not None:  # the blocks are what the regression step compares between sessions
-            blocks = energy_blocks_mj(busy, idle_w, soak.duration_s / count)
+            blocks = energy_blocks_mj(settled(busy), idle_w, soak.duration_s / count)
             report.kpis.update(energy_blocks_mj=blocks, energy_noise_pct=summary(blocks).noise_pct)
             report.kpis[INTERVALS_KEY] = {"energy_per_inference_mj": interval.as_dict()}
     if soak.emulated:
@@ -105,6 +110,15 @@ def energy(ctx: ContextBinary, feeds: list[Feed], runner: DeviceRunner, threshol
     (out_dir / "energy_samples.csv").write_text(soak.csv())
     report.artifacts["samples_csv"] = out_dir / "energy_samples.csv"
     return report
+
+
+def settled(samples: list, lag_s: float = POWER_LAG_S) -> list:
+    """Return a phase's samples from lag_s after its first one (readings before that still show the load before
+    the phase); all of them when fewer than two would be left."""
+    if not samples:
+        return samples
+    kept = [s for s in samples if s.t_s >= samples[0].t_s + lag_s]
+    return kept if len(kept) >= 2 else samples
 
 
 def energy_blocks_mj(busy: list, idle_w: float, seconds_per_inference: float,
