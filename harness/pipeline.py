@@ -257,7 +257,7 @@ class Onboarding(PipelineBase):
                                           self.error_isolation())
         report = mixed_precision.mixed_precision(
             self.converted_model(), self.dataset(), self.float_reference(), self.runner, self.thresholds,
-            self.cache, start, units, resolvable_drop=ptq.resolution(self.dataset(), self.float_reference()))
+            self.cache, start, units, best_case=ptq.best_case(self.dataset(), self.float_reference()))
         if "model" in report.artifacts:
             final = self.deployable_model(report)
             report.artifacts["encodings"] = exported_encodings(final, self.cache)
