@@ -47,6 +47,16 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def _add_tokens(w, tokens: list[str], pre: str) -> None:
+    """Write a byte-level BPE tokenizer of these tokens (no merges; the last three special, the last one EOS)."""
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_merges([])
+    w.add_token_types([1] * (len(tokens) - 3) + [3, 3, 3])
+    w.add_eos_token_id(len(tokens) - 1)
+
+
 def write_gguf(path: Path, *, arch: str = "llama", tokens: list[str] | None = None, vocab: int | None = None,
                raw: dict[str, tuple[np.ndarray, object]] | None = None) -> Path:
     """Write a tiny GGUF checkpoint (F32 tensors, byte-level BPE tokenizer, llama.cpp's names and Q/K order);
@@ -64,12 +74,7 @@ def write_gguf(path: Path, *, arch: str = "llama", tokens: list[str] | None = No
     w.add_head_count_kv(DIMS["kv_heads"])
     w.add_rope_freq_base(DIMS["theta"])
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_merges([])
-    w.add_token_types([1] * (len(tokens) - 3) + [3, 3, 3])
-    w.add_eos_token_id(len(tokens) - 1)
+    _add_tokens(w, tokens, "default")
     w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
@@ -201,12 +206,7 @@ def write_gpt2_gguf(path: Path, hf: Path) -> Path:
     w.add_feed_forward_length(4 * config["n_embd"])
     w.add_head_count(config["n_head"])
     w.add_layer_norm_eps(config["layer_norm_epsilon"])
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")
-    w.add_token_list(tokens)
-    w.add_token_merges([])
-    w.add_token_types([1] * (len(tokens) - 3) + [3, 3, 3])
-    w.add_eos_token_id(len(tokens) - 1)
+    _add_tokens(w, tokens, "gpt-2")
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GPT2, config["n_layer"])
     for name, value in load_file(str(hf / "model.safetensors")).items():
         name = name.removeprefix("transformer.")
