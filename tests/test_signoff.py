@@ -348,3 +348,37 @@ def test_allure_report_renders_in_chromium_with_environment_and_categories(runs,
     assert "clf_strict sign-off" in text and "test_04_ptq" in text and "test_01_feasibility" in text
     assert "onnxruntime-qnn" in text and "sm8650-emu" in text  # environment.properties
     assert "local run" in text  # executor.json
+
+
+def test_a_language_models_perplexity_is_its_task_row_with_a_paired_window_interval():
+    """llm_accuracy's perplexity per recipe on the HTP beside float's: the shipped recipe's ratio interval comes
+    from a paired bootstrap over the held-out windows (harness.llm.steps.perplexity_intervals)."""
+    import numpy as np
+
+    from harness.kpi import INTERVALS_KEY, Interval
+    from harness.llm.steps import perplexity_intervals
+    from harness.reporting.records import StepRecord
+    from harness.signoff.inputs import RunSet
+    from harness.signoff.task_table import task_rows
+
+    rng = np.random.default_rng(0)
+    floating = [{"nll": float(nll), "count": 31} for nll in rng.uniform(90.0, 130.0, 40)]
+    quantized = [{"nll": w["nll"] * 1.03, "count": 31} for w in floating]  # every window 3 % more NLL
+    intervals = perplexity_intervals({"windows": floating}, {"windows": quantized})
+    increase = Interval.from_dict(intervals["perplexity_increase"])
+    total_f, total_q = sum(w["nll"] for w in floating), sum(w["nll"] for w in quantized)
+    value = float(np.exp((total_q - total_f) / (31 * 40)) - 1)
+    assert increase.samples == 40 and increase.low <= value <= increase.high and increase.high - increase.low < 0.02
+    assert perplexity_intervals({"windows": floating}, {}) == {}
+    float_ppl, htp_ppl = float(np.exp(total_f / 1240)), float(np.exp(total_q / 1240))
+    kpis = {"recipe": "w8a16", "eval_windows": 40, "perplexity_float_host": float_ppl, "perplexity_htp": htp_ppl,
+            "sweep": {"w8a16": {"perplexity_htp": htp_ppl}, "w4a16": {"perplexity_htp": htp_ppl * 1.5}},
+            INTERVALS_KEY: intervals}
+    runs = RunSet([StepRecord("sm8650-emu", "sm8650", "tiny_gpt", "llm_accuracy", "passed", kpis)], [], [])
+    shipped, other = task_rows(runs)
+    assert (shipped.metric, shipped.precision, shipped.samples, shipped.outcome) == (
+        "perplexity", "w8a16 (shipped)", 40, "passed")
+    assert shipped.ratio == pytest.approx(float_ppl / htp_ppl) and shipped.float_value == float_ppl
+    assert shipped.interval.low == pytest.approx(1 / (1 + increase.high))
+    assert shipped.interval.low <= shipped.ratio <= shipped.interval.high
+    assert other.precision == "w4a16" and other.interval is None and other.ratio == pytest.approx(float_ppl / htp_ppl / 1.5)

@@ -70,13 +70,12 @@ def _host_graph(model: Path, label: str, emulate_qdq: bool) -> llm_runner.Graph:
 
 
 def host_nll(prefill: Path, windows: np.ndarray, emulate_qdq: bool = False) -> dict:
-    """Return {nll_sum, token_count, perplexity} of windows [N, W] through the prefill graph on the host CPU."""
+    """Return {nll_sum, token_count, perplexity, windows: [{nll, count}]} of windows [N, W] through the prefill
+    graph on the host CPU (the device runner's `nll` result's form)."""
     loop = llm_runner.KvLoop(np, _host_graph(prefill, "prefill", emulate_qdq))
-    total, count = 0.0, 0
-    for window in np.asarray(windows).tolist():
-        nll, n = loop.window_nll(window)
-        total, count = total + nll, count + n
-    return {"nll_sum": total, "token_count": count, "perplexity": float(np.exp(total / count))}
+    rows = [dict(zip(("nll", "count"), loop.window_nll(window))) for window in np.asarray(windows).tolist()]
+    total, count = sum(r["nll"] for r in rows), sum(r["count"] for r in rows)
+    return {"nll_sum": total, "token_count": count, "perplexity": float(np.exp(total / count)), "windows": rows}
 
 
 def matched_prefix(a: list[int], b: list[int]) -> int:

@@ -26,7 +26,7 @@ from harness.runner.base import latency_source
 from harness.runner.client import DeviceRunner
 from harness.steps.context_binary import ContextBinary
 from harness.steps.report import StepReport
-from harness.stats import bootstrap, unresolved
+from harness.stats import bootstrap, bootstrap_of_sums, unresolved
 
 GRAPHS = ("prefill", "decode")
 
@@ -114,13 +114,14 @@ def llm_accuracy(float_pair: Pair, quantized: dict[str, Pair], shipped: str, win
     (host QDQ emulation and the device's HTP), greedy agreement of each recipe on the HTP with the float
     model, and limits on the shipped recipe."""
     ids = [p.ids for p in prompts]
-    float_ppl = host_nll(float_pair.prefill, windows)["perplexity"]
+    float_nll = host_nll(float_pair.prefill, windows)
+    float_ppl = float_nll["perplexity"]
     judge = FloatJudge(float_pair.prefill, float_pair.decode, thresholds.greedy_tie_margin)
     reference = judge.generate(ids, max_new, stop_id)
-    rows, generations, agreements = [], {}, {}
+    rows, generations, agreements, nlls = [], {}, {}, {}
     for name, pair in quantized.items():
         qdq_ppl = host_nll(pair.prefill, windows, emulate_qdq=True)["perplexity"]
-        nll = device_nll(runner, pair.prefill, windows)
+        nll = nlls[name] = device_nll(runner, pair.prefill, windows)
         generated = device_generate(runner, pair.prefill, pair.decode, ids, max_new, stop_id=stop_id)["prompts"]
         generations[name] = generated
         agreements[name] = agreement_kpis(judge, prompts, [r["generated_ids"] for r in reference],
@@ -146,7 +147,8 @@ def llm_accuracy(float_pair: Pair, quantized: dict[str, Pair], shipped: str, win
     # prompt is the sample, so the interval is a bootstrap over prompts of their agreeing share
     shares = np.array(agreements[shipped]["agreeing_tokens"], dtype=np.float64) / max_new
     report.kpis[INTERVALS_KEY] = {"greedy_agreement": bootstrap(lambda idx: float(shares[idx].mean()), len(shares),
-                                                                bounds=(0.0, 1.0)).as_dict()}
+                                                                bounds=(0.0, 1.0)).as_dict(),
+                                  **perplexity_intervals(float_nll, nlls[shipped])}
     report.limits = [Limit("perplexity_increase", maximum=thresholds.max_perplexity_increase),
                      Limit("host_htp_perplexity_gap", maximum=thresholds.max_host_htp_perplexity_gap),
                      Limit("greedy_agreement", minimum=thresholds.min_greedy_agreement, marginal=0.0)]
@@ -167,6 +169,19 @@ def llm_accuracy(float_pair: Pair, quantized: dict[str, Pair], shipped: str, win
                             "exact figures are greedy_exact_agreement and exact_tokens")
     report.kpis["float_generations"] = [r["generated_ids"] for r in reference]
     return report
+
+
+def perplexity_intervals(floating: dict, quantized: dict) -> dict[str, dict]:
+    """Return the 95 % intervals of perplexity_htp and perplexity_increase: a paired bootstrap over the held-out
+    windows (each window's summed NLL and token count, float and quantized resampled together), as
+    Interval.as_dict(); {} when either run has no per-window figures."""
+    pairs = list(zip(floating.get("windows") or [], quantized.get("windows") or []))
+    if not pairs or len(pairs) != len(quantized["windows"]):
+        return {}
+    sums = np.array([[f["nll"], f["count"], q["nll"], q["count"]] for f, q in pairs], dtype=np.float64)
+    return {"perplexity_htp": bootstrap_of_sums(sums, lambda t: float(np.exp(t[2] / t[3]))).as_dict(),
+            "perplexity_increase": bootstrap_of_sums(
+                sums, lambda t: float(np.exp(t[2] / t[3] - t[0] / t[1]) - 1.0)).as_dict()}
 
 
 def llm_context_binary(binaries: dict[str, ContextBinary], soc_id: str) -> StepReport:

@@ -266,7 +266,8 @@ def _task_section(runs: RunSet) -> str:
             'labelled samples (its spec\'s <span class="mono">evaluation:</span> section) per device × model × '
             'precision, beside the float model\'s on the same samples: the ratio to float is the KPI (MLPerf\'s '
             'form), with its 95 % interval and the samples it rests on. The float row is the float model on the '
-            'device\'s CPU against the host\'s.</p>' + table + "</section>")
+            'device\'s CPU against the host\'s. A language model\'s metric is its held-out perplexity per recipe on the '
+            'HTP (lower is better: the ratio is float / quantized).</p>' + table + "</section>")
 
 
 def _devices(runs: RunSet) -> str:

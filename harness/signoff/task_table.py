@@ -1,6 +1,7 @@
 """The task metric of each device × model × precision beside float's (the KPI a model spec's `evaluation:`
 section sets): one row per accuracy step that measured it, with the ratio to float, its interval and sample
-count, from the step records alone."""
+count, from the step records alone; for a language model (kind llm) its held-out perplexity on the HTP per
+recipe beside float's, the ratio float / quantized (lower is better), the shipped recipe's with its interval."""
 
 from __future__ import annotations
 
@@ -62,4 +63,25 @@ def task_rows(runs: RunSet) -> list[TaskRow]:
                                 k.get("task_metric"), k.get("float_task_metric", host_float),
                                 k.get("task_metric_ratio"), ratio,
                                 ratio.samples if ratio is not None else k.get("samples"), record.outcome))
+        rows.extend(_perplexity_rows(runs, device, soc, model))
+    return rows
+
+
+def _perplexity_rows(runs: RunSet, device: str, soc: str, model: str) -> list[TaskRow]:
+    """Return the llm_accuracy record's perplexity rows: one per recipe it measured on the HTP, the shipped one's
+    ratio interval from its perplexity_increase interval (ratio = 1 / (1 + increase))."""
+    record = runs.result(device, model, "llm_accuracy")
+    if record is None or record.kpis.get("perplexity_float_host") is None:
+        return []
+    k, rows = record.kpis, []
+    floating, windows = k["perplexity_float_host"], k.get("eval_windows")
+    increase = interval_of(k, "perplexity_increase")
+    for recipe, figures in (k.get("sweep") or {k.get("recipe"): {"perplexity_htp": k.get("perplexity_htp")}}).items():
+        value = figures.get("perplexity_htp")
+        shipped = recipe == k.get("recipe")
+        interval = (Interval(1.0 / (1.0 + increase.high), 1.0 / (1.0 + increase.low), increase.samples,
+                             increase.method, increase.confidence) if shipped and increase is not None else None)
+        rows.append(TaskRow(device, soc, model, "llm_accuracy", f"{recipe}{' (shipped)' if shipped else ''}",
+                            "perplexity", value, floating, floating / value if value else None, interval,
+                            windows, record.outcome if shipped else "measured"))
     return rows
