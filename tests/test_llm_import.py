@@ -278,6 +278,23 @@ def test_graphs_are_deterministic_and_share_names(tmp_path):
     assert [n.name for n in prefill.graph.node] == [n.name for n in decode.graph.node]
 
 
+def test_graphs_whose_weights_pass_protobufs_limit_keep_them_in_external_data_with_the_same_outputs(tmp_path, monkeypatch):
+    from harness.llm import llama, reference
+
+    write_gguf(tmp_path / "tiny.gguf")
+    one_file = _graph_logits(tmp_path / "tiny.gguf", tmp_path / "one", PROMPTS)
+    monkeypatch.setattr(llama, "EXTERNAL_DATA_BYTES", 1)  # as a 0.5B model's 2.5 GB of float32 weights do
+    split = _graph_logits(tmp_path / "tiny.gguf", tmp_path / "split", PROMPTS)
+    assert (tmp_path / "split" / "prefill.onnx.data").stat().st_size > 4 * DIMS["hidden"] * 256
+    assert (tmp_path / "split" / "prefill.onnx").stat().st_size < (tmp_path / "one" / "prefill.onnx").stat().st_size / 5
+    assert not (tmp_path / "one" / "prefill.onnx.data").exists()
+    for a, b in zip(split, one_file):
+        np.testing.assert_array_equal(a, b)
+    layers = np.zeros((DIMS["layers"] + 2, 4, DIMS["hidden"]), np.float32) + 1.0
+    assert reference._layer_divergence(tmp_path / "split" / "prefill.onnx", PROMPTS[0], layers, DIMS["layers"]) == \
+        reference._layer_divergence(tmp_path / "one" / "prefill.onnx", PROMPTS[0], layers, DIMS["layers"])
+
+
 # --------------------------------------------------------------------------- bad input
 
 
