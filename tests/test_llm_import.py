@@ -295,6 +295,32 @@ def test_graphs_whose_weights_pass_protobufs_limit_keep_them_in_external_data_wi
         reference._layer_divergence(tmp_path / "one" / "prefill.onnx", PROMPTS[0], layers, DIMS["layers"])
 
 
+def test_a_pair_past_protobufs_limit_fails_step_2_saying_why_and_still_meets_its_reference(tmp_path, monkeypatch):
+    """As Qwen2.5-Coder-0.5B's 2.5 GB float32 pair: llm_conversion reports the reference check on the imported pair
+    and fails naming the limit; the steps after it get the same reason, not protobuf's 'Failed to serialize'."""
+    pytest.importorskip("transformers")
+    import yaml
+
+    from harness.cache import ArtifactCache
+    from harness.llm import llama, pipeline
+    from harness.models import resolve_model
+    from harness.target import Target
+
+    write_hf_dir(tmp_path / "hf")
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(yaml.safe_dump({"kind": "llm", "llm": {"checkpoint": "hf"}}))
+    monkeypatch.setattr(llama, "EXTERNAL_DATA_BYTES", 1)
+    monkeypatch.setattr(pipeline, "PROTOBUF_LIMIT", 1000)  # the tiny pair's weights stand for 2.5 GB
+    onboarding = pipeline.LlmOnboarding(Target(None, None, resolve_model(str(spec), {}, None)), None,
+                                        ArtifactCache(tmp_path / "cache"))
+    report = onboarding.llm_conversion()
+    assert len(report.failures) == 1 and "past protobuf's 2 GiB" in report.failures[0], report.failures
+    assert report.kpis["reference_top1_agreement"] == 1.0 and report.kpis["reference_cosine_min"] >= 0.999
+    assert report.kpis["reference_prompts"] == 4 and report.kpis["layers"] == DIMS["layers"]
+    with pytest.raises(ModelError, match="not supported yet"):
+        onboarding.llm_float_pair()
+
+
 # --------------------------------------------------------------------------- bad input
 
 
