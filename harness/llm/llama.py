@@ -42,6 +42,9 @@ __all__ = ["OPSET", "LlamaGraphs", "build_graph", "block_output", "rope_tables"]
 OPSET = 17
 IR_VERSION = 8  # as harness.llm.export: loads in older onnxruntime builds on devices too
 PRODUCER = "harness.llm.llama"
+# weights from this size on go to ONNX external data beside the graph: protobuf cannot serialize a message of 2 GiB
+# (a 0.5B-parameter model's float32 weights are 2.5 GB); below it the graph stays one file
+EXTERNAL_DATA_BYTES = 2**31 - 2**27
 
 
 def block_output(layer: int) -> str:
@@ -280,10 +283,15 @@ class LlamaGraphs:
         return ir.Model(graph, ir_version=IR_VERSION, producer_name=PRODUCER, producer_version="1")
 
     def write(self, ar: int, path: Path) -> Path:
-        """Write the AR-token graph to path (deterministic bytes, atomically); return path."""
-        proto = ir.to_proto(self.build(ar))
-        write_atomically(Path(path), proto.SerializeToString(deterministic=True))
-        return Path(path)
+        """Write the AR-token graph to path (deterministic bytes, atomically), its weights in `<file>.data` beside
+        it when they reach EXTERNAL_DATA_BYTES; return path."""
+        model, path = self.build(ar), Path(path)
+        if sum(v.const_value.nbytes for v in model.graph.initializers.values()) < EXTERNAL_DATA_BYTES:
+            write_atomically(path, ir.to_proto(model).SerializeToString(deterministic=True))
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            ir.save(model, path, external_data=f"{path.name}.data")
+        return path
 
 
 def build_graph(checkpoint: Checkpoint, context: int, ar: int) -> ir.Model:

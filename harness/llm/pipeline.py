@@ -13,7 +13,7 @@ import onnx
 
 from harness import model_sources
 from harness.cache import content_key
-from harness.errors import ConfigError, StepError
+from harness.errors import ConfigError, ModelError, StepError
 from harness.llm import calibration, ceiling, convention, genie_steps, importer, reference, steps, text
 from harness.llm.device import FloatJudge
 from harness.llm.genie_config import write_bundle
@@ -24,6 +24,7 @@ from harness.steps import context_binary, conversion, feasibility, ptq
 from harness.steps.report import StepReport
 
 CALIBRATION_SEQUENCES = 8
+PROTOBUF_LIMIT = 2**31  # bytes: protobuf cannot serialize a message of this size
 
 
 class LlmOnboarding(PipelineBase):
@@ -59,9 +60,22 @@ class LlmOnboarding(PipelineBase):
         return replace(self.target.model, name=f"{self.target.model.name}-{name}", source=str(path), path=path)
 
     @memoized
+    def llm_too_large(self) -> str:
+        """Why Step 2 cannot convert the pair: weights past protobuf's 2 GiB, which the ONNX conversion and the
+        quantization after it hold in one message ('' when they fit)."""
+        files, pair = self.llm_files(), self.llm_source_pair()
+        weights = convention.external_bytes(files.prefill)
+        if weights < PROTOBUF_LIMIT:
+            return ""
+        return (f"{files.prefill}: the pair's float32 weights are {weights / 1e9:.2f} GB (in external data), past "
+                f"protobuf's 2 GiB within which Step 2's ONNX conversion and the quantization work: converting and "
+                f"quantizing a pair this large ({pair.layers} layers, vocabulary {pair.vocab}) is not supported yet")
+
+    @memoized
     def llm_conversions(self) -> dict[str, StepReport]:
         """Step 2 on each graph: shape fixing, folding, the GELU fused (cached per graph)."""
-        self.llm_source_pair()
+        if too_large := self.llm_too_large():
+            raise ModelError(too_large)
         out = {}
         for name in GRAPHS:
             spec = self._graph_spec(name)
@@ -116,8 +130,15 @@ class LlmOnboarding(PipelineBase):
     def llm_conversion(self) -> StepReport:
         """LLM Step 2: both graphs converted, the pair still in Genie's convention; an imported checkpoint's float
         pair against the independent reference (transformers) on the prompts."""
-        report = steps.llm_conversion(self.llm_conversions(), self.llm_pair())
         files = self.llm_files()
+        if too_large := self.llm_too_large():  # the imported pair still meets its reference; Step 2 fails, saying why
+            report = steps.llm_conversion({}, self.llm_source_pair())
+            report.failures.append(too_large)
+            if files.checkpoint is not None:
+                reference.add_reference(report, files.prefill, files.decode, files.prefill, files.checkpoint,
+                                        [list(p.ids) for p in self.llm_prompts()], self.cache)
+            return report
+        report = steps.llm_conversion(self.llm_conversions(), self.llm_pair())
         if files.checkpoint is not None:
             floats = self.llm_float_pair()
             prompts = [list(p.ids) for p in self.llm_prompts()]
@@ -207,5 +228,5 @@ class LlmOnboarding(PipelineBase):
     def llm_prompts(self) -> list[text.TokenizedPrompt]:
         """The model's prompts, tokenized and checked against the context length."""
         files = self.llm_files()
-        return text.prompts(files, self.llm_tokenizer(), self.llm_pair().context_length, files.max_new_tokens)
+        return text.prompts(files, self.llm_tokenizer(), self.llm_source_pair().context_length, files.max_new_tokens)
 

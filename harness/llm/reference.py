@@ -130,9 +130,12 @@ def _layer_divergence(source_prefill: Path, ids: list[int], reference: np.ndarra
     import onnxruntime as ort
 
     names = _layer_names(layers)
-    model = onnx.load(str(source_prefill))
+    model = onnx.load(str(source_prefill), load_external_data=False)  # weights past 2 GiB stay in external data
     model.graph.output.extend(onnx.helper.make_empty_tensor_value_info(n) for n in names)
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()  # external data is found beside the source graph
+    options.add_session_config_entry("session.model_external_initializers_file_folder_path",
+                                     str(Path(source_prefill).resolve().parent))
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     graph = llm_runner.Graph(session, "prefill")
     n = min(len(ids), graph.ar)
     loop = llm_runner.KvLoop(np, graph)
