@@ -133,7 +133,8 @@ class Onboarding(PipelineBase):
         """Return which quantized model ships ('ptq', 'mixed_precision' or 'aimet') and its path.
 
         PTQ's when PTQ passes decisively (every limit met on its KPI's interval); else the first recovery step
-        whose model meets the KPI decisively (mixed precision, then AIMET when its step ran). When none does,
+        whose model meets the KPI decisively (mixed precision, then AIMET when its step ran; AIMET first when
+        mixed precision's choice is FP16 on the HTP, the last resort). When none does,
         PTQ's model ships, unless PTQ failed decisively and a recovery's model could not be decided (an interval
         straddles a limit): that one ships, as nothing decisively better exists. An inconclusive PTQ therefore
         keeps its model unless a recovery proves one. `mixed` is the mixed-precision report while that step is
@@ -147,6 +148,8 @@ class Onboarding(PipelineBase):
             return "ptq", self.qdq_model()
         aimet = None if building else self._aimet_report()
         recoveries = [("mixed_precision", mixed), *([("aimet", aimet)] if aimet is not None else [])]
+        if mixed.kpis.get("precision") == "fp16":  # the last resort: a quantized AIMET model meeting the KPI first
+            recoveries.reverse()
         for name, report in recoveries:
             if report.kpis.get("met_threshold"):
                 return name, report.artifacts["model"]
@@ -249,16 +252,23 @@ class Onboarding(PipelineBase):
 
     @memoized
     def mixed_precision(self) -> StepReport:
-        """Step 3 stage 5 report: promotion units (tied activations) promoted to 16 bits from the best
-        8-bit recipe (the sweep's, or PTQ's with --sweep off), ranked by their measured effect;
-        artifacts['encodings'] is the deployable model's QAIRT overrides file."""
+        """Step 3 stage 5 report, the precision search: from the best candidate of any kind (the sweep's, or PTQ's
+        with --sweep off), promotion units (tied activations) promoted to 16 bits from an 8-bit recipe, ranked by
+        their measured effect; FP16 on the HTP when nothing quantized meets the KPI; the cheapest candidate meeting
+        it, within --precision-budget-s. artifacts['encodings'] is the deployable model's QAIRT overrides file
+        (none when FP16 ships)."""
         start = self._mixed_precision_start()
-        units = promotion.promotion_units(self.converted_model(), start.model or self.qdq_model(),
+        pool = self.sweep_result()[1] if self.accuracy.sweep != "off" else []
+        eight_bit = next((c.model for c in [start, *pool] if c.error is None and c.precision in ("a8", "mixed")),
+                         None)
+        units = promotion.promotion_units(self.converted_model(), eight_bit or self.qdq_model(),
                                           self.error_isolation())
         report = mixed_precision.mixed_precision(
             self.converted_model(), self.dataset(), self.float_reference(), self.runner, self.thresholds,
-            self.cache, start, units, resolvable_drop=ptq.resolution(self.dataset(), self.float_reference()))
-        if "model" in report.artifacts:
+            self.cache, start, units, resolvable_drop=ptq.resolution(self.dataset(), self.float_reference()),
+            pool=pool, soc=self.target.soc, budget_s=self.accuracy.precision_budget_s,
+            allow_cpu_fallback=self.thresholds.min_htp_fraction < 1.0)
+        if "model" in report.artifacts and report.kpis.get("precision") != "fp16":
             final = self.deployable_model(report)
             report.artifacts["encodings"] = exported_encodings(final, self.cache)
             report.kpis["encodings_of"] = "ptq" if final == self.qdq_model() else "mixed_precision"
@@ -266,11 +276,12 @@ class Onboarding(PipelineBase):
         return report
 
     def _mixed_precision_start(self) -> sweep.Candidate:
+        """The precision search's start: the sweep's best candidate of any kind (8- or 16-bit activations), else
+        PTQ's."""
         if self.accuracy.sweep != "off":
-            eight_bit = [c for c in self.sweep_result()[1]
-                         if c.error is None and c.recipe.activation_type in sweep.EIGHT_BIT]
-            if eight_bit:
-                return eight_bit[0]
+            best = next((c for c in self.sweep_result()[1] if c.error is None), None)
+            if best is not None:
+                return best
         report, model = self.ptq(), self.qdq_model()
         return sweep.Candidate(self.recipe, model, {**report.kpis, "model_bytes": model.stat().st_size},
                                meets=report.passed, undecided=report.status == "inconclusive")
@@ -296,7 +307,8 @@ class Onboarding(PipelineBase):
         if self.ptq().passed:
             return "ptq"
         try:
-            return "mixed_precision" if self.mixed_precision().kpis.get("met_threshold") else None
+            kpis = self.mixed_precision().kpis  # FP16 meeting it leaves AIMET a cheaper, quantized one to find
+            return "mixed_precision" if kpis.get("met_threshold") and kpis.get("precision") != "fp16" else None
         except HarnessError:
             return None
 
