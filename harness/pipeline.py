@@ -28,6 +28,9 @@ from harness.steps.inference import host_reference
 from harness.steps.report import StepReport
 from harness.target import Target
 
+ENERGY_MIN_INFERENCES = 20  # harness.steps.energy.size_inferences' minimum
+ENERGY_MIN_SLOW_INFERENCES = 3  # ... for a slow shipped model (Onboarding.energy)
+
 
 class Onboarding(PipelineBase):
     """Artifacts and step reports of a single-graph model (kind onnx) for one Target, computed on demand."""
@@ -110,6 +113,24 @@ class Onboarding(PipelineBase):
             return sizing.measure_inference(qdq, self.full_dataset().evaluation[0], self.runner, self.cache)
         except HarnessError:
             return None
+
+    @memoized
+    def shipped_cost(self) -> "sizing.InferenceCost | None":
+        """One timed HTP inference of the model that ships (None when it cannot run): what sizes profile, runtime
+        and Step 7 on it, so a slow shipped precision (16-bit activations, FP16) costs them about the same
+        device time as an 8-bit model. The default 8-bit model's cost when that one ships; else one probe
+        inference (cached, shared with the precision search's probe of FP16)."""
+        try:
+            model = self.deployable_model()
+            if model == self._quantized(self.calibration()):
+                return self.inference_cost()
+            return sizing.measure_inference(model, self.dataset().evaluation[0], self.runner, self.cache, repeats=1)
+        except HarnessError:
+            return None
+
+    def _shipped_s(self) -> float | None:
+        cost = self.shipped_cost()
+        return cost.inference_s if cost is not None else None
 
     @memoized
     def float_reference(self) -> list[Feed]:
@@ -355,12 +376,13 @@ class Onboarding(PipelineBase):
         return profile.profile(self.context_artifact(), self.deployable_model(), self.dataset().evaluation[0],
                                self.runner, self.target.soc, self.thresholds, rule, self._run_dir("profile"),
                                label=self._label,
-                               placement=self.context_binary().tables.get("placement"), blocks=blocks)
+                               placement=self.context_binary().tables.get("placement"), blocks=blocks,
+                               inference_s=self._shipped_s())
 
     @memoized
     def runtime(self) -> StepReport:
         """Step 6 report."""
-        return runtime.runtime(self.context_artifact(), self.dataset().evaluation, self.runner)
+        return runtime.runtime(self.context_artifact(), self.dataset().evaluation, self.runner, self._shipped_s())
 
     # ------------------------------------------------------------------ Step 7, validation
 
@@ -379,7 +401,7 @@ class Onboarding(PipelineBase):
         or when its cost cannot be measured, else as many samples as fit sizing.VALIDATION_BUDGET_S (more than the
         accuracy steps' EVAL_BUDGET_S per pass: it is one pass)."""
         data = self.full_dataset()
-        cost = None if data.labelled and data.task is None else self.inference_cost()
+        cost = None if data.labelled and data.task is None else self.shipped_cost()
         if cost is None or len(data.evaluation) <= sizing.MIN_EVAL_SAMPLES:
             return data
         count = sizing.evaluation_count(cost.inference_s, len(data.evaluation), sizing.VALIDATION_BUDGET_S)
@@ -392,7 +414,7 @@ class Onboarding(PipelineBase):
         data = self.validation_dataset()
         reference = host_reference(self.converted_model(), data.evaluation, self.cache)
         deployed, _ = self.deployable()
-        cost = self.inference_cost()
+        cost = self.shipped_cost()
         return validation_accuracy.validation_accuracy(self.context_artifact(), data, reference, self.runner,
                                                        self.thresholds, deployed,
                                                        inference_s=cost.inference_s if cost is not None else None)
@@ -400,7 +422,7 @@ class Onboarding(PipelineBase):
     @memoized
     def sustained(self) -> StepReport:
         """Step 7 report: cooldown, then a soak of the context binary with per-window latency and thermals."""
-        cost = self.inference_cost()
+        cost = self.shipped_cost()
         return sustained.sustained(self.context_artifact(), self.dataset().evaluation, self.runner, self.thresholds,
                                    self.validation.soak(self.telemetry_source), self._run_dir("sustained"),
                                    self._label, inference_s=cost.inference_s if cost is not None else None)
@@ -410,7 +432,15 @@ class Onboarding(PipelineBase):
         """Step 7 report: idle power, then power over a fixed number of inferences; energy per inference."""
         lengths = self.validation.lengths(self.telemetry_source)
         count, reason = self.validation.energy_inferences, "--energy-inferences"
-        if count is None:
+        shipped_s = self._shipped_s() if self.shipped_cost() is not self.inference_cost() else None
+        if count is None and shipped_s and shipped_s * ENERGY_MIN_INFERENCES > lengths.energy_target_s:
+            # a slow shipped model other than the 8-bit one (16-bit activations, FP16): the simulator runs each
+            # inference for real, so no probe run, and as many as fit the target
+            count = energy.size_inferences(shipped_s, lengths.energy_target_s, minimum=ENERGY_MIN_SLOW_INFERENCES)
+            reason = (f"{count} inferences: about {lengths.energy_target_s:g} s at {shipped_s:.3g} s per HTP "
+                      f"inference of the shipped model (its measured cost; minimum {ENERGY_MIN_SLOW_INFERENCES} "
+                      f"instead of {ENERGY_MIN_INFERENCES} for a model this slow); --energy-inferences sets it")
+        elif count is None:
             per_inference_s = energy.warm_inference_s(self.runner, self.context_artifact().model,
                                                       self.dataset().evaluation[0])
             count = energy.size_inferences(per_inference_s, lengths.energy_target_s)

@@ -280,13 +280,15 @@ def mixed_precision(model: Path, dataset: Dataset, reference: list[Feed], runner
             if candidate.meets:
                 break
     evaluated = _unique([best, *pool, *(c for _, c in tried)])
-    fp16 = None
+    fp16, fp16_estimate = None, None
     if not any(c.meets for c in evaluated):
         if (unavailable := precision.fp16_unavailable(soc)) is not None:
             report.notes.append(unavailable)
         elif search.allows("FP16 on the HTP"):
-            fp16 = precision.evaluate_fp16(model, dataset, reference, runner, thresholds, cache)
-            evaluated.append(fp16)
+            fits, fp16_estimate = precision.fp16_fits(model, dataset, runner, cache, search)
+            if fits:
+                fp16 = precision.evaluate_fp16(model, dataset, reference, runner, thresholds, cache)
+                evaluated.append(fp16)
     sizes = ({id(c): precision.context_bytes(c, soc, cache, allow_cpu_fallback) for c in evaluated}
              if soc is not None else {})
     final = precision.cheapest(evaluated, sizes) or rank(evaluated)[0]
@@ -327,7 +329,7 @@ def mixed_precision(model: Path, dataset: Dataset, reference: list[Feed], runner
         "context_bytes": sizes.get(id(final)), "candidates_evaluated": len(evaluated),
         "candidates_meeting_kpi": sum(c.meets for c in evaluated), "precision_budget_s": budget_s,
         "search_s": search.spent_s(), "untried": list(search.untried),
-        "fp16": _fp16_kpis(fp16, evaluated),
+        "fp16": _fp16_kpis(fp16, evaluated), "fp16_estimate": fp16_estimate,
     }
     evidence = _evidence(final, fp16, evaluated, effects, units, model, dataset, runner, cache, thresholds, report)
     if effects:
@@ -339,8 +341,8 @@ def mixed_precision(model: Path, dataset: Dataset, reference: list[Feed], runner
             f"on {where}, at most {measure_limit} measured; {len(units) - len(fitting)} unit(s) larger than the "
             f"budget of {budget}; each promotion count confirmed on the device's htp runtime")
     if search.untried:
-        report.notes.append(f"the precision budget of {budget_s:g} s (--precision-budget-s) was spent after "
-                            f"{search.spent_s():.0f} s; left untried: {'; '.join(search.untried)}")
+        report.notes.append(f"the precision budget of {budget_s:g} s (--precision-budget-s), {search.spent_s():.0f} s "
+                            f"spent, left untried: {'; '.join(search.untried)}")
     if not final.meets:
         tried_text = " | ".join([*(f"{len(u)} unit(s) {[x.label for x in u]}: {c.describe()}" for u, c in tried),
                                  *(c.describe() for c in evaluated if not any(c is t for _, t in tried))])

@@ -13,7 +13,9 @@
   figures (its wall time, inflated by the candidates' overlapping runs: not a phone's latency) the
   lower precision decides first, as on the HTP, then the simulated latency and the context size.
 * **The budget** (`--precision-budget-s`): the search starts no new stage once it is spent, and names
-  what it left untried.
+  what it left untried. FP16 on the HTP (on the simulator it can take tens of seconds per inference) is
+  first timed by one probe inference; when the probe's time over the evaluation samples exceeds the
+  budget left, FP16 stays untried and the report says what it would have cost.
 * **The evidence** when FP16 misses too: float against FP16 on the HTP, and the first tensor (in
   topological order) whose FP16 value diverges from float.
 """
@@ -35,6 +37,7 @@ from harness.metrics import cosine_similarity
 from harness.models import Thresholds
 from harness.options import PRECISION_BUDGET_S
 from harness.runner.client import DeviceRunner
+from harness.sizing import measure_inference
 from harness.steps.context_binary import compile_context
 from harness.steps.error_isolation import float_activations, float_debug_model
 from harness.steps.ptq import QuantRecipe
@@ -60,6 +63,10 @@ class SearchBudget:
         """Return the seconds spent since the search started."""
         return time.perf_counter() - self.start
 
+    def left_s(self) -> float:
+        """Return the seconds of the budget left (0 when spent)."""
+        return max(0.0, self.budget_s - self.spent_s())
+
     def allows(self, stage: str) -> bool:
         """Return whether stage may start; when the budget is spent, record stage as untried and return False."""
         if self.spent_s() < self.budget_s:
@@ -76,6 +83,29 @@ def fp16_unavailable(soc: SocSpec | None) -> str | None:
         return (f"FP16 on the HTP was not tried: {soc.id}'s HTP is v{soc.htp_arch}; the HTP runs FP16 from "
                 f"v{FP16_MIN_HTP_ARCH} on")
     return None
+
+
+def fp16_fits(model: Path, dataset: Dataset, runner: DeviceRunner, cache: ArtifactCache,
+              search: SearchBudget) -> tuple[bool, dict[str, Any]]:
+    """Return whether evaluating FP16 on the HTP over dataset's evaluation samples fits the search's budget left,
+    and its estimate {probe_inference_s, samples, estimate_s, budget_left_s}: one probe inference of the float
+    model on the HTP (cached, harness.sizing.measure_inference) times the sample count. When it does not fit,
+    the stage is recorded as untried with what it would cost. A probe that cannot run leaves it to the
+    evaluation, which records the failure."""
+    samples, left = len(dataset.evaluation), search.left_s()
+    try:
+        probe = measure_inference(model, dataset.evaluation[0], runner, cache, repeats=1)
+    except HarnessError:
+        return True, {"probe_inference_s": None, "samples": samples, "estimate_s": None, "budget_left_s": left}
+    estimate = probe.inference_s * samples
+    info = {"probe_inference_s": probe.inference_s, "samples": samples, "estimate_s": estimate,
+            "budget_left_s": left, "latency_source": probe.latency_source}
+    if estimate <= left:
+        return True, info
+    search.untried.append(f"FP16 on the HTP (one probe inference took {probe.inference_s:.3g} s "
+                          f"({probe.latency_source}): {samples} samples would take about {estimate:.0f} s, "
+                          f"{left:.0f} s of the budget left)")
+    return False, info
 
 
 def evaluate_fp16(model: Path, dataset: Dataset, reference: list[Feed], runner: DeviceRunner,
