@@ -17,7 +17,8 @@ from harness.options import AccuracyOptions
 from harness.pipeline import Onboarding, Target
 from harness.quantization.encodings import load_encodings
 from harness.steps import mixed_precision as mp
-from harness.steps import promotion
+from harness.steps import precision, promotion
+from harness.steps.runtime import runtime_samples
 from harness.steps.promotion import PromotionUnit
 from harness.steps import sweep as sw
 from harness.steps.ptq import QuantRecipe
@@ -129,6 +130,9 @@ def _shipped_and_run(onboarding: Onboarding, report) -> None:
     assert onboarding.context_artifact().context_bytes == report.kpis["context_bytes"]
     run = onboarding.runtime()
     assert run.passed and run.kpis["executed_on"] == "simulator" and run.kpis["cosine_similarity"] >= 0.999
+    cost = onboarding.shipped_cost()  # the shipped model's own cost sizes runtime (and profile, Step 7)
+    assert cost is not None and cost.inference_s > 0
+    assert run.kpis["samples"] == min(len(onboarding.dataset().evaluation), runtime_samples(cost.inference_s)[0])
 
 
 def test_the_search_ships_the_cheapest_candidate_meeting_the_kpi_and_runtime_runs_it(demo):
@@ -189,6 +193,19 @@ def test_the_budget_bounds_the_search_and_names_what_it_left_untried(demo, cache
     assert report.kpis["untried"] == ["measuring the promotion units"] and report.kpis["units_measured"] == 0
     assert report.kpis["final_recipe"] == "MinMax-a16-w8-pt" and report.kpis["met_threshold"]  # what was evaluated
     assert any("--precision-budget-s" in n and "measuring the promotion units" in n for n in report.notes)
+
+
+def test_fp16_is_timed_by_one_probe_and_left_untried_with_its_cost_when_it_would_not_fit(demo, cache, sm8650_runner):
+    model, data = demo.converted_model(), demo.dataset()
+    spent = precision.SearchBudget(1e-6)
+    fits, estimate = precision.fp16_fits(model, data, sm8650_runner, cache, spent)
+    assert not fits and estimate["probe_inference_s"] > 0 and estimate["latency_source"] == "simulator"
+    assert estimate["estimate_s"] == pytest.approx(estimate["probe_inference_s"] * len(data.evaluation))
+    (untried,) = spent.untried
+    assert untried.startswith("FP16 on the HTP (one probe inference took") and "would take about" in untried
+    roomy = precision.SearchBudget(3600.0)
+    fits, again = precision.fp16_fits(model, data, sm8650_runner, cache, roomy)
+    assert fits and roomy.untried == [] and again["probe_inference_s"] == estimate["probe_inference_s"]  # cached
 
 
 # ------------------------------------------------------- a Concat joining a feature map with a channel near 1000
