@@ -14,8 +14,9 @@
   lower precision decides first, as on the HTP, then the simulated latency and the context size.
 * **The budget** (`--precision-budget-s`): the search starts no new stage once it is spent, and names
   what it left untried. FP16 on the HTP (on the simulator it can take tens of seconds per inference) is
-  first timed by one probe inference; when the probe's time over the evaluation samples exceeds the
-  budget left, FP16 stays untried and the report says what it would have cost.
+  first timed by one probe inference; when the probe's time over the evaluation samples and the fewest
+  inferences shipping it costs (profile, runtime: SHIPPING_INFERENCES) exceeds the budget left, FP16
+  stays untried and the report says what it would have cost.
 * **The evidence** when FP16 misses too: float against FP16 on the HTP, and the first tensor (in
   topological order) whose FP16 value diverges from float.
 """
@@ -39,6 +40,8 @@ from harness.options import PRECISION_BUDGET_S
 from harness.runner.client import DeviceRunner
 from harness.sizing import measure_inference
 from harness.steps.context_binary import compile_context
+from harness.steps.profile import MIN_SLOW_BLOCKS
+from harness.steps.runtime import MIN_RUNTIME_SAMPLES
 from harness.steps.error_isolation import float_activations, float_debug_model
 from harness.steps.ptq import QuantRecipe
 from harness.steps.sweep import Candidate, candidate_kpis, judge_candidate
@@ -47,6 +50,9 @@ FP16_MIN_HTP_ARCH = 69  # the HTP runs FP16 from v69 (Snapdragon 8 Gen 1) on
 LATENCY_TIE = 0.10  # latencies within 10 % of the lowest count as equal
 DEFAULT_BUDGET_S = PRECISION_BUDGET_S
 PRECISION_ORDER = {"a8": 0, "mixed": 1, "a16": 2, "fp16": 3}
+# the fewest simulator inferences shipping a slow model costs: profile's slow plan (2 blocks of an outputs pass and
+# one timed iteration, a detailed profile of an outputs pass and one execution) and runtime's 2 samples
+SHIPPING_INFERENCES = 2 * MIN_SLOW_BLOCKS + 2 + MIN_RUNTIME_SAMPLES
 DIVERGENCE_SAMPLES = 1  # samples of the float-vs-FP16 per-tensor comparison
 _SAVED_POSTFIX = "_ReshapedSavedOutput"  # onnxruntime's qdq_loss_debug names each exposed tensor so
 
@@ -87,23 +93,26 @@ def fp16_unavailable(soc: SocSpec | None) -> str | None:
 
 def fp16_fits(model: Path, dataset: Dataset, runner: DeviceRunner, cache: ArtifactCache,
               search: SearchBudget) -> tuple[bool, dict[str, Any]]:
-    """Return whether evaluating FP16 on the HTP over dataset's evaluation samples fits the search's budget left,
-    and its estimate {probe_inference_s, samples, estimate_s, budget_left_s}: one probe inference of the float
-    model on the HTP (cached, harness.sizing.measure_inference) times the sample count. When it does not fit,
-    the stage is recorded as untried with what it would cost. A probe that cannot run leaves it to the
-    evaluation, which records the failure."""
-    samples, left = len(dataset.evaluation), search.left_s()
+    """Return whether FP16 on the HTP fits the search's budget left (after its probe), and the estimate
+    {probe_inference_s, samples, shipping_inferences, estimate_s, budget_left_s}: one probe inference of the float
+    model on the HTP (cached, harness.sizing.measure_inference) times the evaluation samples and the
+    SHIPPING_INFERENCES shipping it would cost (trying it commits the run to shipping it when it meets the KPI).
+    When it does not fit, the stage is recorded as untried with what it would cost. A probe that cannot run
+    leaves it to the evaluation, which records the failure."""
+    samples = len(dataset.evaluation)
     try:
         probe = measure_inference(model, dataset.evaluation[0], runner, cache, repeats=1)
     except HarnessError:
-        return True, {"probe_inference_s": None, "samples": samples, "estimate_s": None, "budget_left_s": left}
-    estimate = probe.inference_s * samples
-    info = {"probe_inference_s": probe.inference_s, "samples": samples, "estimate_s": estimate,
-            "budget_left_s": left, "latency_source": probe.latency_source}
+        return True, {"probe_inference_s": None, "samples": samples, "shipping_inferences": SHIPPING_INFERENCES,
+                      "estimate_s": None, "budget_left_s": search.left_s()}
+    left, estimate = search.left_s(), probe.inference_s * (samples + SHIPPING_INFERENCES)
+    info = {"probe_inference_s": probe.inference_s, "samples": samples, "shipping_inferences": SHIPPING_INFERENCES,
+            "estimate_s": estimate, "budget_left_s": left, "latency_source": probe.latency_source}
     if estimate <= left:
         return True, info
     search.untried.append(f"FP16 on the HTP (one probe inference took {probe.inference_s:.3g} s "
-                          f"({probe.latency_source}): {samples} samples would take about {estimate:.0f} s, "
+                          f"({probe.latency_source}): its {samples} evaluation samples and the {SHIPPING_INFERENCES} "
+                          f"inferences shipping it costs (profile, runtime) would take about {estimate:.0f} s, "
                           f"{left:.0f} s of the budget left)")
     return False, info
 
