@@ -81,8 +81,8 @@ class InferenceCost:
 def measure_inference(model: Path, feed: Feed, runner: DeviceRunner, cache: ArtifactCache,
                       repeats: int = COST_REPEATS) -> InferenceCost:
     """Return the time of one `htp` inference of model on feed on the runner's device (cached): the faster of
-    `repeats` inferences in one session (COST_REPEATS; 1 for a probe of a slow candidate), so that a spike or a first run's warm-up does not shrink the evaluation
-    set, and with it what the accuracy verdicts can resolve; on the HTP simulator the runner's CPU time, so that a
+    `repeats` inferences in one session (COST_REPEATS; 1 for a probe of a slow candidate), so that a spike or a
+    first run's warm-up does not shrink the evaluation set, and with it what the accuracy verdicts can resolve; on the HTP simulator the runner's CPU time, so that a
     busy host does not either (at a load average of 13 a 300-sample set was cut to 146 by wall time)."""
     device = runner.transport.device
     key = content_key("htp-cost-v3", model, feeds_digest([feed]), device.id, runner.transport.soc.id, RUNNER_VERSION,

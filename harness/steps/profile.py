@@ -217,12 +217,12 @@ def slow_plan(rule: MeasureRule, blocks: int, inference_s: float) -> tuple[Measu
     """Return the rule, block count and why for a model whose planned_inferences exceed PROFILE_STEP_BUDGET_S:
     one timed iteration in each of as many blocks (an outputs pass and a timed one each) as fit the budget with
     a one-execution detailed profile, at least MIN_SLOW_BLOCKS, never more than blocks."""
-    fit = int((PROFILE_STEP_BUDGET_S / inference_s - 1) // 2) if inference_s > 0 else blocks
+    fit = int((PROFILE_STEP_BUDGET_S / inference_s - 2) // 2) if inference_s > 0 else blocks
     count = max(min(MIN_SLOW_BLOCKS, blocks), min(blocks, fit))
     why = (f"{count} blocks of 1 timed iteration instead of {blocks} blocks of the rule's: one HTP-simulator "
            f"inference of the shipped model took {inference_s:.3g} s, and the step's simulator budget is "
-           f"{PROFILE_STEP_BUDGET_S:g} s (minimum {MIN_SLOW_BLOCKS} blocks; {2 * count + 1} inferences with the "
-           "detailed profile); simulator wall time is not a phone latency")
+           f"{PROFILE_STEP_BUDGET_S:g} s (minimum {MIN_SLOW_BLOCKS} blocks; {2 * count + 2} inferences with the "
+           "detailed profile's outputs pass and one execution); simulator wall time is not a phone latency")
     return replace(rule, min_iterations=count, warmup=0, budget_s=None), count, why
 
 

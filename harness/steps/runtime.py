@@ -30,6 +30,9 @@ RUNTIME_SAMPLES = 8
 RUNTIME_BUDGET_S = 30.0  # device time for the samples of a slow shipped model (16-bit activations, FP16)
 MIN_RUNTIME_SAMPLES = 2
 
+MIN_COSINE = 0.9999  # same artifact, same numerics: anything lower is an integration fault
+MAX_ABS_DIFF_OF_RANGE = 0.01  # allowed largest difference, as a fraction of the host outputs' range
+
 
 def runtime_samples(inference_s: float | None) -> tuple[int, str]:
     """Return how many samples the runtime step runs at inference_s per inference of the shipped model (its
@@ -41,8 +44,6 @@ def runtime_samples(inference_s: float | None) -> tuple[int, str]:
     return count, (f"{count} samples instead of {RUNTIME_SAMPLES}: one HTP inference of the shipped model took "
                    f"{inference_s:.3g} s, so {count} fit the step's budget of {RUNTIME_BUDGET_S:g} s "
                    f"(minimum {MIN_RUNTIME_SAMPLES})")
-MIN_COSINE = 0.9999  # same artifact, same numerics: anything lower is an integration fault
-MAX_ABS_DIFF_OF_RANGE = 0.01  # allowed largest difference, as a fraction of the host outputs' range
 
 
 def host_run(ctx: ContextBinary, feeds: list[Feed], soc: SocSpec) -> list[Feed]:
