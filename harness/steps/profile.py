@@ -219,7 +219,9 @@ def slow_plan(rule: MeasureRule, blocks: int, inference_s: float) -> tuple[Measu
     a one-execution detailed profile, at least MIN_SLOW_BLOCKS, never more than blocks."""
     fit = int((PROFILE_STEP_BUDGET_S / inference_s - 2) // 2) if inference_s > 0 else blocks
     count = max(min(MIN_SLOW_BLOCKS, blocks), min(blocks, fit))
-    why = (f"{count} blocks of 1 timed iteration instead of {blocks} blocks of the rule's: one HTP-simulator "
+    planned = planned_inferences(rule, blocks, inference_s)
+    why = (f"{count} blocks of 1 timed iteration and no probe run (the rule's plan, {planned} inferences, would "
+           f"take about {planned * inference_s:.0f} s): one HTP-simulator "
            f"inference of the shipped model took {inference_s:.3g} s, and the step's simulator budget is "
            f"{PROFILE_STEP_BUDGET_S:g} s (minimum {MIN_SLOW_BLOCKS} blocks; {2 * count + 2} inferences with the "
            "detailed profile's outputs pass and one execution); simulator wall time is not a phone latency")

@@ -34,16 +34,20 @@ MIN_COSINE = 0.9999  # same artifact, same numerics: anything lower is an integr
 MAX_ABS_DIFF_OF_RANGE = 0.01  # allowed largest difference, as a fraction of the host outputs' range
 
 
-def runtime_samples(inference_s: float | None) -> tuple[int, str]:
-    """Return how many samples the runtime step runs at inference_s per inference of the shipped model (its
-    measured cost; None: unknown) and why: RUNTIME_SAMPLES, or as many as fit RUNTIME_BUDGET_S (at least
-    MIN_RUNTIME_SAMPLES) when RUNTIME_SAMPLES would take longer."""
+def runtime_samples(inference_s: float | None, available: int = RUNTIME_SAMPLES) -> tuple[int, str]:
+    """Return how many of the available samples the runtime step runs at inference_s per inference of the shipped
+    model (its measured cost; None: unknown) and why: RUNTIME_SAMPLES, or as many as fit RUNTIME_BUDGET_S (at
+    least MIN_RUNTIME_SAMPLES) when RUNTIME_SAMPLES would take longer."""
     if not inference_s or inference_s * RUNTIME_SAMPLES <= RUNTIME_BUDGET_S:
-        return RUNTIME_SAMPLES, f"{RUNTIME_SAMPLES} samples (the step's)"
-    count = max(MIN_RUNTIME_SAMPLES, int(RUNTIME_BUDGET_S // inference_s))
-    return count, (f"{count} samples instead of {RUNTIME_SAMPLES}: one HTP inference of the shipped model took "
-                   f"{inference_s:.3g} s, so {count} fit the step's budget of {RUNTIME_BUDGET_S:g} s "
-                   f"(minimum {MIN_RUNTIME_SAMPLES})")
+        count, why = RUNTIME_SAMPLES, f"{RUNTIME_SAMPLES} samples (the step's)"
+    else:
+        count = max(MIN_RUNTIME_SAMPLES, int(RUNTIME_BUDGET_S // inference_s))
+        why = (f"{count} samples instead of {RUNTIME_SAMPLES}: one HTP inference of the shipped model took "
+               f"{inference_s:.3g} s, so {count} fit the step's budget of {RUNTIME_BUDGET_S:g} s "
+               f"(minimum {MIN_RUNTIME_SAMPLES})")
+    if available < count:
+        return available, f"{available}, all the evaluation samples (the step would run {why})"
+    return count, why
 
 
 def host_run(ctx: ContextBinary, feeds: list[Feed], soc: SocSpec) -> list[Feed]:
@@ -68,7 +72,7 @@ def runtime(ctx: ContextBinary, feeds: list[Feed], runner: DeviceRunner,
     """
     soc = runner.transport.soc
     check_context_target(ctx.model, soc, runner.transport.device_id)
-    count, why = runtime_samples(inference_s)
+    count, why = runtime_samples(inference_s, len(feeds))
     samples = feeds[:count]
     with ThreadPoolExecutor(1, thread_name_prefix="host-htp") as pool:  # the host's run overlaps the device's
         host_run_ = pool.submit(host_run, ctx, samples, soc)
