@@ -8,7 +8,9 @@ over the rounds and the total against the goal, and the machine's load average (
 
     python benchmarks/bench_llm_import.py [--checkpoint FILE.gguf|HF_DIR] [--rounds 2] [--context 128] [--ar 32]
 
-Without --checkpoint it uses the corpus' SmolLM2 GGUF (`python -m harness corpus fetch` puts it there).
+Without --checkpoint it uses the corpus' SmolLM2 GGUF (`python -m harness corpus fetch` puts it there); any
+architecture the importer builds is timed the same way (a GPT-2 of 124M's shape, random weights, Hugging Face
+directory: read 1.0 s, prefill graph 4.1 s, decode graph 3.3 s, total 8.4 s at load average 4.3).
 """
 
 from __future__ import annotations

@@ -286,7 +286,7 @@ class Onboarding(PipelineBase):
                                           self.error_isolation())
         report = mixed_precision.mixed_precision(
             self.converted_model(), self.dataset(), self.float_reference(), self.runner, self.thresholds,
-            self.cache, start, units, resolvable_drop=ptq.resolution(self.dataset(), self.float_reference()),
+            self.cache, start, units, best_case=ptq.best_case(self.dataset(), self.float_reference()),
             pool=pool, soc=self.target.soc, budget_s=self.accuracy.precision_budget_s,
             allow_cpu_fallback=self.thresholds.min_htp_fraction < 1.0)
         if "model" in report.artifacts and report.kpis.get("precision") != "fp16":

@@ -19,6 +19,7 @@ from harness.kpi import INTERVALS_KEY, Interval, Limit, check_all
 CONFIDENCE = 0.95
 BOOTSTRAP_RESAMPLES = 1000
 BOOTSTRAP_SEED = 0
+FLOORED = "bootstrap, floored"  # widened to the least interval n samples allow (harness.evaluation.task._floor)
 MIN_BOOTSTRAP_SAMPLES = 5  # fewer: a bootstrap interval's coverage is far below its nominal level
 
 
@@ -174,13 +175,41 @@ def samples_needed(interval: Interval, value: float, bound: float, cap: int = 10
     return min(max(needed, interval.samples + 1), cap)
 
 
+def floored_needed(interval: Interval, value: float, bound: float, cap: int = 100_000) -> int | None:
+    """Return the fewest samples whose FLOORED interval (its distance from value scaling as resolvable_drop(n))
+    would exclude bound; None when value sits on the bound or more than cap are needed."""
+    reach = interval.low if bound < value else interval.high  # the side of the interval facing the bound
+    gap, spread = abs(value - bound), abs(value - reach)
+    if gap <= 1e-12 or spread <= 0 or interval.samples <= 0:
+        return None
+    scale = spread / resolvable_drop(interval.samples, interval.confidence)  # value - reach = scale x share(n)
+    if scale * resolvable_drop(cap, interval.confidence) >= gap:
+        return None
+    lo, hi = interval.samples + 1, cap
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if scale * resolvable_drop(mid, interval.confidence) < gap else (mid + 1, hi)
+    return lo
+
+
+def hull(a: Interval, b: Interval) -> Interval:
+    """Return the least interval holding a and b (a's samples and confidence; b's method when b widened it)."""
+    low, high = min(a.low, b.low), max(a.high, b.high)
+    method = b.method if (low, high) != (a.low, a.high) else a.method
+    return Interval(low, high, a.samples, method, a.confidence)
+
+
 def with_needed(interval: Interval, value: float, minimum: float | None, maximum: float | None) -> Interval:
     """Return interval with `needed` set for the bound it straddles (unchanged when it straddles none): exact
     for a Wilson interval (proportion_needed), else from its half-width shrinking as 1/sqrt(n)."""
     for bound in (minimum, maximum):
         if bound is not None and interval.low <= bound <= interval.high and interval.low < interval.high:
-            needed = (proportion_needed(value, bound, interval.confidence) if interval.method == "wilson"
-                      else samples_needed(interval, value, bound))
+            if interval.method == "wilson":
+                needed = proportion_needed(value, bound, interval.confidence)
+            elif interval.method == FLOORED:  # its bounds shrink as resolvable_drop(n), about 1/n
+                needed = floored_needed(interval, value, bound)
+            else:
+                needed = samples_needed(interval, value, bound)
             if needed is not None:  # a bootstrap resolves nothing below MIN_BOOTSTRAP_SAMPLES (see bootstrap)
                 needed = max(needed, interval.samples + 1,
                              MIN_BOOTSTRAP_SAMPLES if interval.method == "bootstrap" else 0)

@@ -161,6 +161,8 @@ def test_a_share_metric_ratio_has_newcombes_interval_and_no_changed_sample_is_no
 
 
 def test_cer_ratio_is_bootstrapped_and_spans_its_range_on_few_samples(tmp_path):
+    from harness import stats
+
     charset = tmp_path / "dict.txt"
     charset.write_text("a\nb\n")
     task = TaskEvaluation.of(Evaluation(tmp_path, tmp_path / "l.csv", "cer", postprocess="ctc_greedy",
@@ -172,7 +174,30 @@ def test_cer_ratio_is_bootstrapped_and_spans_its_range_on_few_samples(tmp_path):
     assert kpis["intervals"]["task_metric_ratio"] | {} == {"low": 0.0, "high": 1.0, "samples": 3,
                                                           "method": "bootstrap", "confidence": 0.95}
     many = task.compare([{"y": bad}] * 10, [{"y": good}] * 10, ["ab"] * 10)["intervals"]["task_metric_ratio"]
-    assert many["low"] == many["high"] == pytest.approx(0.5)
+    share = stats.resolvable_drop(10)  # every sample changed alike: the bootstrap's point, floored
+    assert many["low"] == pytest.approx(0.5 * (1 - share)) and many["high"] == pytest.approx(0.5 + 0.5 * share)
+    assert many["method"] == stats.FLOORED
+
+
+def test_a_bootstrapped_ratio_with_no_changed_sample_is_not_proof(tmp_path):
+    from harness import stats
+    from harness.kpi import Limit
+
+    charset = tmp_path / "dict.txt"
+    charset.write_text("a\nb\n")
+    task = TaskEvaluation.of(Evaluation(tmp_path, tmp_path / "l.csv", "cer", postprocess="ctc_greedy",
+                                        charset=charset))
+    same = [{"y": one_hot_steps([1, 0, 2], 4)}] * 12 + [{"y": one_hot_steps([1, 0, 1], 4)}] * 4
+    kpis = task.compare(same, same, ["ab"] * 16)
+    assert kpis["task_metric_ratio"] == 1.0 and kpis["task_metric_drop"] == 0.0
+    ratio, drop = kpis["intervals"]["task_metric_ratio"], kpis["intervals"]["task_metric_drop"]
+    assert ratio["method"] == stats.FLOORED and ratio["samples"] == 16
+    share = stats.resolvable_drop(16)  # up to 19 % of the samples could change, each to all characters wrong
+    assert ratio["low"] == pytest.approx(1 - share) and ratio["high"] > 1.0
+    assert drop["high"] == pytest.approx(share * (1 - kpis["float_task_metric"])) and drop["low"] < 0
+    (sentence,) = stats.unresolved(kpis, [Limit("task_metric_ratio", minimum=0.98)])
+    needed = kpis["intervals"]["task_metric_ratio"]["needed"]
+    assert stats.resolvable_drop(needed) <= 0.02 < stats.resolvable_drop(needed - 1) and f"about {needed}" in sentence
 
 
 def test_a_ratio_on_too_few_samples_for_a_bootstrap_needs_at_least_that_many():

@@ -33,8 +33,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
      "devices, the built-in models",
      _modules("devices models target data cache cache_check quantization quantization.* convert convert.* evaluation "
              "evaluation.* qnn_ops qnn_errors placement profiling estimate emulator emulator.* zoo zoo.* llm llm.gpt "
-             "llm.convention llm.text llm.export llm.checkpoint llm.gguf_reader llm.hf_reader llm.llama llm.importer "
-             "llm.memory model_sources")),
+             "llm.convention llm.text llm.export llm.checkpoint llm.gpt2_names llm.gguf_reader llm.hf_reader llm.llama "
+             "llm.importer llm.memory model_sources")),
     ("transports", _modules("transports transports.* soc_detect telemetry farm.cooldown")),
     ("runner", _modules("runner.base runner.client runner.server_client runner.qnn_net_run farm farm.* sizing")),
     ("steps", _modules("steps steps.* soak reporting.charts baseline latency_ab llm.calibration llm.device "

@@ -47,6 +47,16 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def _add_tokens(w, tokens: list[str], pre: str) -> None:
+    """Write a byte-level BPE tokenizer of these tokens (no merges; the last three special, the last one EOS)."""
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_merges([])
+    w.add_token_types([1] * (len(tokens) - 3) + [3, 3, 3])
+    w.add_eos_token_id(len(tokens) - 1)
+
+
 def write_gguf(path: Path, *, arch: str = "llama", tokens: list[str] | None = None, vocab: int | None = None,
                raw: dict[str, tuple[np.ndarray, object]] | None = None) -> Path:
     """Write a tiny GGUF checkpoint (F32 tensors, byte-level BPE tokenizer, llama.cpp's names and Q/K order);
@@ -64,12 +74,7 @@ def write_gguf(path: Path, *, arch: str = "llama", tokens: list[str] | None = No
     w.add_head_count_kv(DIMS["kv_heads"])
     w.add_rope_freq_base(DIMS["theta"])
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_merges([])
-    w.add_token_types([1] * (len(tokens) - 3) + [3, 3, 3])
-    w.add_eos_token_id(len(tokens) - 1)
+    _add_tokens(w, tokens, "default")
     w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
@@ -157,6 +162,110 @@ def test_a_tiny_llama_from_hf_and_gguf_builds_genie_pairs_that_match_transformer
     assert checkpoint.eos_token == "<|im_end|>" and "<|im_start|>assistant" in (tmp_path / "out-tiny.gguf" / "prompts.json").read_text()
 
 
+# --------------------------------------------------------------------------- GPT-2
+
+GPT2_DIMS = {"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 1024}  # transformers' GGUF loader assumes 1024
+
+
+def write_gpt2_hf_dir(folder: Path, config: dict | None = None) -> Path:
+    """Write a tiny random GPT-2 the way transformers saves one (GPT2LMHeadModel.save_pretrained: Conv1D weights,
+    fused c_attn, tied lm_head) with the byte-level tokenizer."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    tokens = _byte_tokens()
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=len(tokens), eos_token_id=len(tokens) - 1, bos_token_id=len(tokens) - 1,
+                                  **GPT2_DIMS, **(config or {}))
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    with torch.no_grad():  # lift the tiny init (std 0.02) so every block moves the logits
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    model.save_pretrained(folder)
+    tokenizer = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens(tokens[-3:])
+    (folder / "tokenizer.json").write_text(tokenizer.to_str())
+    return folder
+
+
+def write_gpt2_gguf(path: Path, hf: Path) -> Path:
+    """Write the GPT-2 of an HF directory as llama.cpp's converter does: gguf's own GPT-2 tensor names, Conv1D
+    weights transposed to [out, in], the tied embedding duplicated as output.weight, F32."""
+    import gguf
+    from safetensors.numpy import load_file
+
+    config = json.loads((hf / "config.json").read_text())
+    tokens = _byte_tokens()
+    w = gguf.GGUFWriter(str(path), "gpt2")
+    w.add_block_count(config["n_layer"])
+    w.add_context_length(config["n_positions"])
+    w.add_embedding_length(config["n_embd"])
+    w.add_feed_forward_length(4 * config["n_embd"])
+    w.add_head_count(config["n_head"])
+    w.add_layer_norm_eps(config["layer_norm_epsilon"])
+    _add_tokens(w, tokens, "gpt-2")
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GPT2, config["n_layer"])
+    for name, value in load_file(str(hf / "model.safetensors")).items():
+        name = name.removeprefix("transformer.")
+        stem, kind = name.rsplit(".", 1)
+        if stem.endswith(("c_attn", "c_proj", "c_fc")) and kind == "weight":
+            value = np.ascontiguousarray(value.T)
+        w.add_tensor(f"{names.get_name(stem)}.{kind}", value)
+        if stem == "wte":
+            w.add_tensor("output.weight", value)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_a_tiny_gpt2_from_hf_and_gguf_builds_genie_pairs_that_match_transformers(tmp_path):
+    pytest.importorskip("transformers")
+    from harness.cache import ArtifactCache
+    from harness.llm import reference
+    from harness.llm.device import FloatJudge
+
+    hf = write_gpt2_hf_dir(tmp_path / "hf")
+    gguf_file = write_gpt2_gguf(tmp_path / "tiny-gpt2.gguf", hf)
+    for source in (hf, gguf_file):
+        checkpoint = read_checkpoint(source)
+        cfg = checkpoint.config
+        assert (cfg.architecture, cfg.norm, cfg.positions, cfg.mlp, cfg.heads, cfg.kv_heads, cfg.ffn) == \
+            ("gpt2", "layer", "learned", "gelu_tanh", 4, 4, 128) and cfg.tied_embeddings
+        out = tmp_path / f"out-{source.name}"
+        write_import(checkpoint, out, 16, 4, ())
+        info = convention.check_pair(out / "prefill.onnx", out / "decode.onnx")
+        assert (info.heads, info.head_dim, info.layers, info.prefill_ar) == (4, 8, 2, 4)
+        loop = FloatJudge(out / "prefill.onnx", out / "decode.onnx", 0.0).loop
+        ref = reference.reference_outputs(source, PROMPTS, ArtifactCache(tmp_path / "cache"))
+        assert "GPT2LMHeadModel" in ref.implementation
+        for ids, theirs in zip(PROMPTS, ref.logits):
+            loop.reset()
+            np.testing.assert_allclose(loop.prefill(ids), theirs, atol=2e-4, rtol=1e-4)
+        # the per-layer comparison that names a diverging layer: embedding + positions, each block, the final norm
+        layers = reference._layer_divergence(out / "prefill.onnx", PROMPTS[0], ref.layers[0], 2)
+        assert [r["layer"] for r in layers] == ["embed.out", "l0.resid_mlp", "l1.resid_mlp", "norm.out"]
+        assert min(r["cosine_min"] for r in layers) > 0.99999, layers
+
+
+def test_a_gpt2_variant_the_graph_does_not_build_and_a_context_past_its_positions_are_named(tmp_path):
+    hf = write_gpt2_hf_dir(tmp_path / "relu", {"activation_function": "relu"})
+    with pytest.raises(ModelError, match=r"config.json: key 'activation_function' is 'relu'.*gelu_new"):
+        read_checkpoint(hf)
+    data = json.loads((hf / "config.json").read_text())
+    (hf / "config.json").write_text(json.dumps(data | {"activation_function": "gelu_new",
+                                                       "scale_attn_by_inverse_layer_idx": True}))
+    with pytest.raises(ModelError, match="key 'scale_attn_by_inverse_layer_idx' is True"):
+        read_checkpoint(hf)
+    (hf / "config.json").write_text(json.dumps(data | {"activation_function": "gelu_new"}))
+    with pytest.raises(ModelError, match=f"{hf}: context length 2048 exceeds the 1024 learned positions"):
+        LlamaGraphs(read_checkpoint(hf), 2048)
+
+
 def test_graphs_are_deterministic_and_share_names(tmp_path):
     checkpoint = read_checkpoint(write_hf_dir(tmp_path / "hf", {"tie_word_embeddings": True}))
     graphs = LlamaGraphs(checkpoint, 16)
@@ -177,7 +286,7 @@ def test_a_gguf_of_another_architecture_names_the_file_key_and_what_is_supported
     with pytest.raises(ModelError) as e:
         read_checkpoint(path)
     assert str(path) in str(e.value) and "general.architecture" in str(e.value) and "'falcon'" in str(e.value)
-    assert "supported: the Llama family" in str(e.value)
+    assert "supported: the Llama family" in str(e.value) and "gpt2 (LayerNorm, learned positions, GELU)" in str(e.value)
 
 
 def test_a_quantization_type_the_importer_cannot_read_names_the_tensor(tmp_path):

@@ -436,14 +436,15 @@ def test_a_search_that_no_sample_count_here_could_decide_is_not_run():
     kpis = {"task_metric_name": "top1_agreement", "task_metric": 1.0, "task_metric_drop": 0.0,
             "cosine_similarity": 0.98, "sqnr_db": 20.0, "intervals": interval}
     start = Candidate(QuantRecipe(), kpis=kpis, undecided=True)
-    resolvable = stats.resolvable_drop(16)
-    reason = mp.unresolvable_search(start, thresholds, resolvable)
-    assert reason is not None and "16 evaluation samples" in reason and "samples would decide" in reason
-    report = mp.mixed_precision(Path("unused.onnx"), None, [], None, thresholds, None, start, [],
-                                resolvable_drop=resolvable)
+    best = {**kpis, "cosine_similarity": 1.0, "sqnr_db": 100.0, "intervals": {  # identical to float: 16 samples
+        "task_metric_drop": stats.complement(stats.wilson(16, 16)).as_dict()}}
+    reason = mp.unresolvable_search(start, thresholds, best)
+    assert reason is not None and "on 16 evaluation samples" in reason and "about 189 are needed" in reason
+    report = mp.mixed_precision(Path("unused.onnx"), None, [], None, thresholds, None, start, [], best_case=best)
     assert report.status == "inconclusive" and report.kpis["search"] == "not run" and "model" not in report.artifacts
     # a limit failed decisively, or samples that can resolve the drop: the search runs
     low_cosine = {**kpis, "cosine_similarity": 0.5,
                   "intervals": {**interval, "cosine_similarity": stats.Interval(0.4, 0.6, 16, "bootstrap").as_dict()}}
-    assert mp.unresolvable_search(Candidate(QuantRecipe(), kpis=low_cosine, undecided=True), thresholds, resolvable) is None
-    assert mp.unresolvable_search(start, thresholds, 0.01) is None
+    assert mp.unresolvable_search(Candidate(QuantRecipe(), kpis=low_cosine, undecided=True), thresholds, best) is None
+    many = {**best, "intervals": {"task_metric_drop": stats.complement(stats.wilson(400, 400)).as_dict()}}
+    assert mp.unresolvable_search(start, thresholds, many) is None

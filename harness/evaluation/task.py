@@ -5,7 +5,11 @@ Intervals (harness.stats): for a metric that is a share of samples (top1, top5, 
 Wilson's, the drop's Newcombe's paired difference (it does not collapse to [0, 0] when no sample changed) and
 the ratio's follows from the drop's (ratio = 1 - drop / float's value); for the others (cer, f1, a user's) a
 percentile bootstrap over samples, paired (float and quantized resampled together), given the metric's whole
-range below stats.MIN_BOOTSTRAP_SAMPLES samples.
+range below stats.MIN_BOOTSTRAP_SAMPLES samples. A bootstrap collapses to a point when no sample's score changed
+(12 unchanged samples would "prove" a ratio of exactly 1) or all changed alike, so a built-in's intervals are at
+least its floor (TaskEvaluation._floor): a share of up to stats.resolvable_drop(n) of the samples (Wilson's bound
+for 0 of n) moved further to the metric's worst or best value, method stats.FLOORED where the floor widened it;
+Newcombe's interval gives a share metric the same at least.
 """
 
 from __future__ import annotations
@@ -106,6 +110,24 @@ class TaskEvaluation:
                 **({"reported_task_metrics": reported} if reported else {}),
                 "intervals": {k: v.as_dict() for k, v in intervals.items()}}
 
+    def _floor(self, q: float, f: float, n: int) -> dict[str, Interval]:
+        """Return the least intervals n samples allow a built-in metric observed at q (float's f): a share of up to
+        stats.resolvable_drop(n) of the samples (Wilson's bound for 0 of n) further moved to the metric's worst, or
+        its best, value; with no sample changed (q = f) this is all the evidence there is."""
+        metric, share = self.metric, stats.resolvable_drop(n)
+        worst = 0.0 if metric.higher_is_better else 1.0
+        observed = metric.drop(q, f)
+        drops = (observed + share * metric.drop(metric.best, q), observed + share * metric.drop(worst, q))
+        values = [f - d if metric.higher_is_better else f + d for d in drops]
+        ratios = [metric.ratio(v, f) for v in values]
+
+        def interval(a: float | None, b: float | None) -> Interval:
+            low, high = sorted((0.0 if a is None else a, 0.0 if b is None else b))
+            return Interval(low, high, n, stats.FLOORED)
+
+        return {"task_metric": interval(*values), "task_metric_drop": interval(*drops),
+                "task_metric_ratio": interval(*ratios)}
+
     def _intervals(self, quantized: list, floating: list, truth: list, f: float) -> dict[str, Interval]:
         metric, n = self.metric, len(truth)
         if metric.share:
@@ -137,7 +159,12 @@ class TaskEvaluation:
         builtin = metric.best is not None  # a built-in's range is known: [0, 1] (cer beyond 1 only on garbage)
         worst = 0.0 if metric.higher_is_better else 1.0
         top = metric.ratio(metric.best, f) if builtin else None
-        return {"task_metric": interval(lambda q, _: q, (0.0, 1.0) if builtin else None),
-                "task_metric_drop": interval(metric.drop, (metric.drop(metric.best, f), metric.drop(worst, f))
-                                             if builtin else None),
-                "task_metric_ratio": interval(ratio_of, (0.0, top) if top is not None and math.isfinite(top) else None)}
+        booted = {"task_metric": interval(lambda q, _: q, (0.0, 1.0) if builtin else None),
+                  "task_metric_drop": interval(metric.drop, (metric.drop(metric.best, f), metric.drop(worst, f))
+                                               if builtin else None),
+                  "task_metric_ratio": interval(ratio_of, (0.0, top) if top is not None and math.isfinite(top)
+                                                else None)}
+        if not builtin or n < stats.MIN_BOOTSTRAP_SAMPLES:  # a user's range is unknown; too few: the whole range
+            return booted
+        floor = self._floor(metric.of_parts(rows[:, :2]), f, n)
+        return {kpi: stats.hull(booted[kpi], floor[kpi]) for kpi in booted}

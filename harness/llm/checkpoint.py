@@ -1,11 +1,12 @@
 """A published decoder checkpoint read into one typed form: a GGUF file (read with `gguf`) or a Hugging Face
 directory (config.json, safetensors, tokenizer.json).
 
-A :class:`Checkpoint` (harness.llm.importer.read_checkpoint reads one) holds the Llama-family shape
-(:class:`LlamaConfig`), the weights as float32 arrays under Hugging Face's names ([out, in] matrices, Q/K rows
-in Hugging Face's rotate-half order), and the tokenizer as a `tokenizers` JSON with its chat template. Each bad input is a ModelError naming the file
-and the key: an architecture out of the Llama family, a quantization type the reader cannot dequantize, a
-directory without config.json, a tokenizer whose vocabulary does not fit the embedding.
+A :class:`Checkpoint` (harness.llm.importer.read_checkpoint reads one) holds the decoder's shape
+(:class:`LlamaConfig`), the weights as float32 arrays under Hugging Face's Llama names ([out, in] matrices, Q/K
+rows in Hugging Face's rotate-half order; GPT-2's mapped onto them by harness.llm.gpt2_names), and the tokenizer
+as a `tokenizers` JSON with its chat template. Each bad input is a ModelError naming the file and the key: an
+architecture the importer does not build, a quantization type the reader cannot dequantize, a directory without
+config.json, a tokenizer whose vocabulary does not fit the embedding.
 """
 
 from __future__ import annotations
@@ -20,15 +21,16 @@ from harness.errors import ModelError
 
 __all__ = ["ARCHITECTURES", "Checkpoint", "LlamaConfig", "check_tokenizer", "check_weights", "weight_names"]
 
-# GGUF general.architecture or Hugging Face model_type -> the family's graph (harness.llm.llama)
-ARCHITECTURES = ("llama", "mistral", "qwen2")
+# GGUF general.architecture or Hugging Face model_type -> the graph harness.llm.llama builds
+ARCHITECTURES = ("llama", "mistral", "qwen2", "gpt2")
 _SUPPORTED_TEXT = ("the Llama family: llama (Llama 2/3, SmolLM, TinyLlama), mistral, qwen2 (RMSNorm, RoPE, "
-                   "grouped-query attention, SwiGLU)")
+                   "grouped-query attention, SwiGLU); and gpt2 (LayerNorm, learned positions, GELU)")
 
 
 @dataclass(frozen=True)
 class LlamaConfig:
-    """A Llama-family decoder's dimensions."""
+    """A decoder's dimensions and block kind: the Llama family's (the defaults) or GPT-2's (norm "layer",
+    positions "learned", mlp "gelu_tanh")."""
 
     architecture: str
     vocab: int
@@ -38,12 +40,15 @@ class LlamaConfig:
     kv_heads: int
     head_dim: int
     ffn: int
-    rms_eps: float
+    rms_eps: float  # the norms' epsilon (RMSNorm's, or LayerNorm's when norm is "layer")
     rope_theta: float
     tied_embeddings: bool
     max_positions: int
     rope_scaling: tuple[tuple[str, float | str], ...] = ()  # sorted (key, value) pairs of HF's rope_scaling
     attention_bias: bool = False  # q/k/v biases (Qwen2)
+    norm: str = "rms"  # "rms" (RMSNorm, weight only) or "layer" (LayerNorm with bias: GPT-2)
+    positions: str = "rope"  # "rope" (rotary, rope_theta) or "learned" (an absolute position table: GPT-2)
+    mlp: str = "swiglu"  # "swiglu" (gate, up, down) or "gelu_tanh" (up, GELU's tanh form, down, with biases: GPT-2)
 
 
 @dataclass(frozen=True)
@@ -69,14 +74,20 @@ class Checkpoint:
 
 def weight_names(config: LlamaConfig) -> list[str]:
     """Return the Hugging Face names of every weight the graphs use (lm_head only when not tied)."""
-    names = ["model.embed_tokens.weight", "model.norm.weight"] + ([] if config.tied_embeddings else ["lm_head.weight"])
+    gpt2 = config.mlp == "gelu_tanh"
+    norm = ["weight", "bias"] if config.norm == "layer" else ["weight"]
+    names = [f"model.norm.{n}" for n in norm] + ["model.embed_tokens.weight"]
+    names += ["model.embed_positions.weight"] if config.positions == "learned" else []
+    names += [] if config.tied_embeddings else ["lm_head.weight"]
     for i in range(config.layers):
         p = f"model.layers.{i}"
-        names += [f"{p}.input_layernorm.weight", f"{p}.post_attention_layernorm.weight",
-                  *(f"{p}.self_attn.{n}_proj.weight" for n in "qkvo"),
-                  *(f"{p}.mlp.{n}_proj.weight" for n in ("gate", "up", "down"))]
+        names += [f"{p}.{ln}.{n}" for ln in ("input_layernorm", "post_attention_layernorm") for n in norm]
+        names += [f"{p}.self_attn.{n}_proj.weight" for n in "qkvo"]
+        names += [f"{p}.mlp.{n}_proj.weight" for n in (("up", "down") if gpt2 else ("gate", "up", "down"))]
         if config.attention_bias:
             names += [f"{p}.self_attn.{n}_proj.bias" for n in "qkv"]
+        if gpt2:  # GPT-2's output projection and MLP carry biases too
+            names += [f"{p}.self_attn.o_proj.bias", f"{p}.mlp.up_proj.bias", f"{p}.mlp.down_proj.bias"]
     return names
 
 
@@ -107,11 +118,14 @@ def check_weights(checkpoint: Checkpoint, key_of: dict[str, str] | None = None) 
     cfg, key_of = checkpoint.config, key_of or {}
     q, kv = cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
     shapes = {"model.embed_tokens.weight": (cfg.vocab, cfg.hidden), "lm_head.weight": (cfg.vocab, cfg.hidden),
-              "model.norm.weight": (cfg.hidden,)}
+              "model.norm.weight": (cfg.hidden,), "model.norm.bias": (cfg.hidden,),
+              "model.embed_positions.weight": (cfg.max_positions, cfg.hidden)}
     per_layer = {"input_layernorm.weight": (cfg.hidden,), "post_attention_layernorm.weight": (cfg.hidden,),
+                 "input_layernorm.bias": (cfg.hidden,), "post_attention_layernorm.bias": (cfg.hidden,),
                  "self_attn.q_proj.weight": (q, cfg.hidden), "self_attn.k_proj.weight": (kv, cfg.hidden),
                  "self_attn.v_proj.weight": (kv, cfg.hidden), "self_attn.o_proj.weight": (cfg.hidden, q),
                  "self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,), "self_attn.v_proj.bias": (kv,),
+                 "self_attn.o_proj.bias": (cfg.hidden,), "mlp.up_proj.bias": (cfg.ffn,), "mlp.down_proj.bias": (cfg.hidden,),
                  "mlp.gate_proj.weight": (cfg.ffn, cfg.hidden), "mlp.up_proj.weight": (cfg.ffn, cfg.hidden),
                  "mlp.down_proj.weight": (cfg.hidden, cfg.ffn)}
     for name in weight_names(cfg):

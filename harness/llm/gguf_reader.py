@@ -4,7 +4,8 @@ special tokens, pre-tokenizer) rebuilt as a `tokenizers` JSON with the chat temp
 
 llama.cpp's converter permutes the rows of Q and K (its rotary pairs are interleaved) for the llama
 architecture; they are permuted back to Hugging Face's rotate-half order here, so one graph serves both
-sources. Qwen2 keeps Hugging Face's order (llama.cpp rotates it NeoX-style).
+sources. Qwen2 keeps Hugging Face's order (llama.cpp rotates it NeoX-style). GPT-2's config and tensors are
+mapped by harness.llm.gpt2_names.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from harness.errors import ModelError
+from harness.llm import gpt2_names
 from harness.llm.checkpoint import (ARCHITECTURES, Checkpoint, LlamaConfig, check_tokenizer, check_weights,
                                     unsupported_architecture)
 
@@ -81,6 +83,8 @@ def _config(f: _Fields, embedding_rows: int, tied: bool) -> LlamaConfig:
     arch = str(f.get("general.architecture"))
     if arch not in ARCHITECTURES:
         raise unsupported_architecture(f.path, "GGUF key 'general.architecture'", arch)
+    if arch == "gpt2":
+        return gpt2_names.gguf_config(f.path, f.get, embedding_rows)
     heads, hidden = int(f.get(f"{arch}.attention.head_count")), int(f.get(f"{arch}.embedding_length"))
     head_dim = int(f.get(f"{arch}.attention.key_length", hidden // heads))
     rope_dims = int(f.get(f"{arch}.rope.dimension_count", head_dim))
@@ -103,8 +107,10 @@ def _config(f: _Fields, embedding_rows: int, tied: bool) -> LlamaConfig:
         attention_bias=arch == "qwen2")
 
 
-def _hf_name(gguf_name: str) -> str | None:
+def _hf_name(gguf_name: str, arch: str) -> str | None:
     """Return the Hugging Face name of a GGUF tensor (None for one the graphs do not use)."""
+    if arch == "gpt2":
+        return gpt2_names.gguf_name(gguf_name)
     if gguf_name in _TOP_TENSORS:
         return _TOP_TENSORS[gguf_name]
     parts = gguf_name.split(".", 2)
@@ -118,13 +124,13 @@ def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _tensors(path: Path, reader) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+def _tensors(path: Path, reader, arch: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """Return the used tensors dequantized to float32 [numpy order] by HF name, and their GGUF names."""
     from gguf import quants
 
     weights, key_of = {}, {}
     for t in reader.tensors:
-        name = _hf_name(t.name)
+        name = _hf_name(t.name, arch)
         if name is None:
             continue
         try:
@@ -190,10 +196,12 @@ def read_gguf(path: Path) -> Checkpoint:
     arch = str(f.get("general.architecture"))
     if arch not in ARCHITECTURES:
         raise unsupported_architecture(path, "GGUF key 'general.architecture'", arch)
-    weights, key_of = _tensors(path, reader)
+    weights, key_of = _tensors(path, reader, arch)
     if "model.embed_tokens.weight" not in weights:
         raise ModelError(f"{path}: no tensor 'token_embd.weight' (the token embedding)")
     config = _config(f, weights["model.embed_tokens.weight"].shape[0], "lm_head.weight" not in weights)
+    if arch == "gpt2":
+        gpt2_names.from_gguf(path, weights, key_of, config)
     if arch in _PERMUTED:
         for name in [n for n in weights if n.endswith(("q_proj.weight", "k_proj.weight"))]:
             weights[name] = _unpermute(weights[name], config.heads if "q_proj" in name else config.kv_heads)

@@ -1,6 +1,6 @@
 """Read a Hugging Face checkpoint directory: config.json into a LlamaConfig, *.safetensors (with `safetensors`)
-into float32 arrays, tokenizer.json as it is and the chat template from tokenizer_config.json or
-chat_template.jinja."""
+into float32 arrays (GPT-2's mapped by harness.llm.gpt2_names), tokenizer.json as it is and the chat template
+from tokenizer_config.json or chat_template.jinja."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from harness.errors import ModelError
+from harness.llm import gpt2_names
 from harness.llm.checkpoint import (ARCHITECTURES, Checkpoint, LlamaConfig, check_tokenizer, check_weights, json_file,
                                     rope_scaling_items, unsupported_architecture)
 
@@ -24,6 +25,8 @@ def _config(path: Path) -> LlamaConfig:
     arch = str(data.get("model_type"))
     if arch not in ARCHITECTURES:
         raise unsupported_architecture(file, "key 'model_type'", arch)
+    if arch == "gpt2":
+        return gpt2_names.hf_config(file, data)
 
     def need(key: str) -> int | float:
         if key not in data:
@@ -98,9 +101,11 @@ def read_hf(path: Path) -> Checkpoint:
     template = extra.get("chat_template")
     if template is None and (path / "chat_template.jinja").is_file():
         template = (path / "chat_template.jinja").read_text(encoding="utf-8")
-    weights = _weights(path)
+    weights, key_of = _weights(path), {}
+    if config.architecture == "gpt2":
+        weights, key_of = gpt2_names.from_hf(weights, config)
     if config.tied_embeddings:
         weights.pop("lm_head.weight", None)
     checkpoint = Checkpoint(path, config, weights, tokenizer_json, chat_template=template if isinstance(template, str) else None,
                             bos_token=_token(extra.get("bos_token")), eos_token=_token(extra.get("eos_token")))
-    return check_weights(checkpoint)
+    return check_weights(checkpoint, key_of)

@@ -15,6 +15,12 @@ enters exactly as one padded element sqrt(D eps), sliced off after), Q/K/V proje
 one MatMul, so no MatMul broadcasts), SwiGLU (gate * Sigmoid(gate) * up), residuals. Both graphs hold the same
 initializers and intermediate names (reshape constants use -1 for AR), so encodings computed on one apply to
 the other.
+
+GPT-2 (a config with norm "layer", positions "learned", mlp "gelu_tanh") takes the same blocks with three
+swaps: LayerNormalization with its bias for RMSNorm; no rotation, the position table gathered at position_ids
+and added to the token embedding instead ("embed.out" is their sum, as transformers' GPT-2 has it); and an MLP
+of up -> GELU -> down with biases, GELU written out in GPT-2's tanh form (0.5 x (1 + tanh(sqrt(2/pi) (x +
+0.044715 x^3))): opset 17 has no Gelu, and the HTP runs Tanh).
 """
 
 from __future__ import annotations
@@ -103,8 +109,12 @@ class LlamaGraphs:
                              "heads")
         if context < 2:
             raise ModelError(f"context length {context}: must be at least 2")
+        if cfg.positions == "learned" and context > cfg.max_positions:
+            raise ModelError(f"{checkpoint.path}: context length {context} exceeds the {cfg.max_positions} learned "
+                             "positions of the checkpoint")
         self.checkpoint, self.config, self.context = checkpoint, cfg, context
-        self.cos, self.sin = rope_tables(cfg, context, checkpoint.weights.get("rope_freq_factors"))
+        if cfg.positions == "rope":
+            self.cos, self.sin = rope_tables(cfg, context, checkpoint.weights.get("rope_freq_factors"))
         self._t: dict[str, np.ndarray] = {}  # matrices transposed to [in, out] once for both graphs
 
     def _matrix(self, name: str) -> np.ndarray:
@@ -128,6 +138,22 @@ class LlamaGraphs:
         weight = self.checkpoint.weight(hf) * np.float32(math.sqrt(self.config.hidden))
         return a.op("Mul", [normed, a.const(f"{out}.weight", weight)], f"{out}.out")
 
+    def _norm(self, a: _Author, x: ir.Value, hf: str, out: str, c: dict[str, ir.Value]) -> ir.Value:
+        """Return the config's norm of x: RMSNorm (weight `hf`.weight) or LayerNorm (with `hf`.bias)."""
+        if self.config.norm == "rms":
+            return self._rms_norm(a, x, f"{hf}.weight", out, c)
+        return a.op("LayerNormalization", [x, a.const(f"{out}.weight", self.checkpoint.weight(f"{hf}.weight")),
+                                           a.const(f"{out}.bias", self.checkpoint.weight(f"{hf}.bias"))],
+                    f"{out}.out", axis=-1, epsilon=self.config.rms_eps)
+
+    def _gelu_tanh(self, a: _Author, x: ir.Value, out: str, c: dict[str, ir.Value]) -> ir.Value:
+        """Return GPT-2's GELU of x: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+        cubed = a.op("Mul", [a.op("Mul", [x, x], f"{out}.x2"), x], f"{out}.x3")
+        inner = a.op("Add", [x, a.op("Mul", [cubed, c["gelu_cubic"]], f"{out}.cubic")], f"{out}.inner")
+        tanh = a.op("Tanh", [a.op("Mul", [inner, c["gelu_scale"]], f"{out}.scaled")], f"{out}.tanh")
+        half = a.op("Mul", [x, c["half_one"]], f"{out}.half_x")
+        return a.op("Mul", [half, a.op("Add", [tanh, c["one"]], f"{out}.one_plus_tanh")], f"{out}.out")
+
     def _rope(self, a: _Author, x: ir.Value, out: str, c: dict[str, ir.Value]) -> ir.Value:
         """Return x [1, AR, heads, Dh] rotated by its positions."""
         first = a.op("Slice", [x, c["zero"], c["half"], c["axis3"]], f"{out}.first_half")
@@ -142,7 +168,8 @@ class LlamaGraphs:
         q = a.op("Reshape", [self._linear(a, x, f"{hf}.q_proj", f"{p}.q"), c["q_heads"]], f"{p}.q_heads")
         k = a.op("Reshape", [self._linear(a, x, f"{hf}.k_proj", f"{p}.k"), c["kv_heads"]], f"{p}.k_heads")
         v = a.op("Reshape", [self._linear(a, x, f"{hf}.v_proj", f"{p}.v"), c["kv_heads"]], f"{p}.v_heads")
-        q, k = self._rope(a, q, f"{p}.q_rope", c), self._rope(a, k, f"{p}.k_rope", c)  # [1, AR, heads, Dh]
+        if cfg.positions == "rope":
+            q, k = self._rope(a, q, f"{p}.q_rope", c), self._rope(a, k, f"{p}.k_rope", c)  # [1, AR, heads, Dh]
         k_new = a.op("Transpose", [k], cv.past_key_out(i), perm=[2, 0, 3, 1])  # [Hkv, 1, Dh, AR]
         v_new = a.op("Transpose", [v], cv.past_value_out(i), perm=[2, 0, 1, 3])  # [Hkv, 1, AR, Dh]
         keys = a.op("Concat", [c[cv.past_key_in(i)], k_new], f"{p}.keys", axis=3)  # [Hkv, 1, Dh, CL]
@@ -166,9 +193,13 @@ class LlamaGraphs:
 
     def _block(self, a: _Author, x: ir.Value, i: int, c: dict[str, ir.Value]) -> ir.Value:
         p, hf = f"l{i}", f"model.layers.{i}"
-        attn = self._attention(a, self._rms_norm(a, x, f"{hf}.input_layernorm.weight", f"{p}.norm1", c), i, c)
+        attn = self._attention(a, self._norm(a, x, f"{hf}.input_layernorm", f"{p}.norm1", c), i, c)
         x = a.op("Add", [x, attn], f"{p}.resid_attn")
-        h = self._rms_norm(a, x, f"{hf}.post_attention_layernorm.weight", f"{p}.norm2", c)
+        h = self._norm(a, x, f"{hf}.post_attention_layernorm", f"{p}.norm2", c)
+        if self.config.mlp == "gelu_tanh":
+            up = self._linear(a, h, f"{hf}.mlp.up_proj", f"{p}.mlp.up")
+            gelu = self._gelu_tanh(a, up, f"{p}.mlp.gelu", c)
+            return a.op("Add", [x, self._linear(a, gelu, f"{hf}.mlp.down_proj", f"{p}.mlp.down")], block_output(i))
         gate = self._linear(a, h, f"{hf}.mlp.gate_proj", f"{p}.mlp.gate")
         silu = a.op("Mul", [gate, a.op("Sigmoid", [gate], f"{p}.mlp.gate_sigmoid")], f"{p}.mlp.silu")
         up = self._linear(a, h, f"{hf}.mlp.up_proj", f"{p}.mlp.up")
@@ -203,9 +234,15 @@ class LlamaGraphs:
               "query_heads_t": a.const("const.query_heads_t_shape", np.array([hq, 1, -1, dh], i64)),
               "zero": a.const("const.zero", np.array([0], i64)), "half": a.const("const.half_dim", np.array([dh // 2], i64)),
               "dh": a.const("const.head_dim", np.array([dh], i64)), "axis3": a.const("const.axis3", np.array([3], i64))}
-        c["cos"] = a.op("Gather", [a.const("rope.cos", self.cos), c[cv.POSITION_IDS]], "rope.cos_pos", axis=0)
-        c["sin"] = a.op("Gather", [a.const("rope.sin_signed", self.sin), c[cv.POSITION_IDS]], "rope.sin_pos", axis=0)
-        return c  # cos/sin at the positions: [1, AR, 1, Dh], broadcast over heads
+        if cfg.mlp == "gelu_tanh":
+            c |= {"gelu_cubic": a.const("const.gelu_cubic", np.array(0.044715, np.float32)),
+                  "gelu_scale": a.const("const.gelu_scale", np.array(math.sqrt(2.0 / math.pi), np.float32)),
+                  "half_one": a.const("const.half", np.array(0.5, np.float32)),
+                  "one": a.const("const.one", np.array(1.0, np.float32))}
+        if cfg.positions == "rope":  # cos/sin at the positions: [1, AR, 1, Dh], broadcast over heads
+            c["cos"] = a.op("Gather", [a.const("rope.cos", self.cos), c[cv.POSITION_IDS]], "rope.cos_pos", axis=0)
+            c["sin"] = a.op("Gather", [a.const("rope.sin_signed", self.sin), c[cv.POSITION_IDS]], "rope.sin_pos", axis=0)
+        return c
 
     def build(self, ar: int) -> ir.Model:
         """Return the graph taking AR tokens per call (1 <= AR < context)."""
@@ -215,11 +252,17 @@ class LlamaGraphs:
         a = _Author(ir.tape.Tape())
         inputs = self._inputs(ar)
         c = self._constants(a, inputs)
+        learned = cfg.positions == "learned"
         x = a.op("Gather", [a.const("embed.weight", self.checkpoint.weight("model.embed_tokens.weight")),
-                            c[cv.INPUT_IDS]], "embed.out", axis=0)
+                            c[cv.INPUT_IDS]], "embed.tokens" if learned else "embed.out", axis=0)
+        if learned:  # the position table's first CL rows, gathered at the positions and added
+            table = self.checkpoint.weight("model.embed_positions.weight")[:self.context]
+            positions = a.op("Gather", [a.const("embed.positions_weight", table), c[cv.POSITION_IDS]],
+                             "embed.positions", axis=0)
+            x = a.op("Add", [x, positions], "embed.out")
         for i in range(cfg.layers):
             x = self._block(a, x, i, c)
-        x = self._rms_norm(a, x, "model.norm.weight", "norm", c)
+        x = self._norm(a, x, "model.norm", "norm", c)
         head = "model.embed_tokens.weight" if cfg.tied_embeddings else "lm_head.weight"
         logits = a.op("MatMul", [x, a.const("lm_head.weight", self._matrix(head))], cv.LOGITS)
         outputs = [logits]
@@ -231,7 +274,8 @@ class LlamaGraphs:
                 value = by_name[name]
                 value.dtype, value.shape = ir.DataType.FLOAT, ir.Shape(shape)
                 outputs.append(value)
-        graph = ir.Graph(inputs, outputs, nodes=a.tape.nodes, initializers=a.tape.initializers,
+        used = [v for v in a.tape.initializers if v.uses()]  # the constants of a block kind the config does not use go
+        graph = ir.Graph(inputs, outputs, nodes=a.tape.nodes, initializers=used,
                          opset_imports={"": OPSET}, name=f"{cfg.architecture}_ar{ar}_cl{self.context}")
         return ir.Model(graph, ir_version=IR_VERSION, producer_name=PRODUCER, producer_version="1")
 

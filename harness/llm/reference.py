@@ -1,5 +1,5 @@
 """The independent reference for an imported checkpoint: Hugging Face transformers runs the same checkpoint (its
-own GGUF loader, Q/K un-permutation, RoPE, attention and MLP), and the harness's float pair must agree with it on
+own GGUF loader, Q/K un-permutation, RoPE, attention and MLP; GPT2LMHeadModel for GPT-2), and the harness's float pair must agree with it on
 every prompt token (the same top-1 token, logits cosine >= MIN_COSINE). On disagreement the first layer whose
 output diverges is named: the reference's per-layer outputs (forward hooks) against the imported prefill
 graph's (its intermediate tensors made outputs).
@@ -46,6 +46,16 @@ def _layer_names(layers: int) -> list[str]:
     return ["embed.out", *(llama.block_output(i) for i in range(layers)), "norm.out"]
 
 
+def _compared_modules(model) -> tuple:
+    """Return the modules whose outputs are the compared layers: the embedding (for GPT-2 its dropout, whose
+    input is token plus position embedding), each block, the final norm."""
+    if hasattr(model, "transformer"):  # GPT2LMHeadModel
+        t = model.transformer
+        return (t.drop, *t.h, t.ln_f)
+    inner = model.model
+    return (inner.embed_tokens, *inner.layers, inner.norm)
+
+
 def _run_transformers(checkpoint: Path, prompts: list[list[int]]) -> ReferenceOutputs:
     """Return transformers' outputs on the prompts (float32, CPU)."""
     import torch
@@ -64,8 +74,7 @@ def _run_transformers(checkpoint: Path, prompts: list[list[int]]) -> ReferenceOu
     def keep(_module, _inputs, output):
         captured.append((output[0] if isinstance(output, tuple) else output)[0].detach().numpy().copy())
 
-    inner = model.model
-    hooks = [m.register_forward_hook(keep) for m in (inner.embed_tokens, *inner.layers, inner.norm)]
+    hooks = [m.register_forward_hook(keep) for m in _compared_modules(model)]
     logits, layers = [], []
     try:
         with torch.no_grad():

@@ -210,7 +210,7 @@ def promotion_start(best: Candidate, pool: list[Candidate]) -> tuple[Candidate |
 
 def mixed_precision(model: Path, dataset: Dataset, reference: list[Feed], runner: DeviceRunner,
                     thresholds: Thresholds, cache: ArtifactCache, start: Candidate, units: list[PromotionUnit],
-                    measure_limit: int = MEASURED_UNITS, resolvable_drop: float | None = None,
+                    measure_limit: int = MEASURED_UNITS, best_case: dict | None = None,
                     pool: list[Candidate] = (), soc: SocSpec | None = None,
                     budget_s: float = precision.DEFAULT_BUDGET_S, allow_cpu_fallback: bool = False) -> StepReport:
     """Return the precision search's report: start is the best candidate of any kind (pool: the sweep's other
@@ -220,12 +220,12 @@ def mixed_precision(model: Path, dataset: Dataset, reference: list[Feed], runner
     `precision_pareto` table) and the cheapest one meeting the KPI (harness.steps.precision), within budget_s
     seconds. artifacts['model'] is the chosen model.
 
-    resolvable_drop is the smallest task-metric drop the evaluation samples can resolve (ptq.resolution): when
-    the start is undecided only on that limit and it is beyond what they resolve, no candidate could be shown to
-    meet the KPI, so the search is not run and the step is inconclusive, saying how many samples would decide."""
+    best_case holds the KPIs a candidate identical to float gets on these samples (ptq.best_case): when the start
+    is undecided only on task-metric limits that even it leaves undecided, no candidate could be shown to meet
+    the KPI, so the search is not run and the step is inconclusive, saying how many samples would decide."""
     if not start.kpis and start.error is None:
         start = evaluate_recipe(start.recipe, model, dataset, reference, runner, thresholds, cache)
-    futile = unresolvable_search(start, thresholds, resolvable_drop)
+    futile = unresolvable_search(start, thresholds, best_case)
     if futile is not None:
         return _search_not_run(start, thresholds, futile)
     search = precision.SearchBudget(budget_s)
@@ -435,24 +435,28 @@ def _ratio(kpis: dict[str, Any]) -> dict[str, Any]:
     return {"task_metric_ratio": kpis["task_metric_ratio"]} if "task_metric_ratio" in kpis else {}
 
 
-def unresolvable_search(start: Candidate, thresholds: Thresholds, resolvable_drop: float | None) -> str | None:
+TASK_KPIS = frozenset({"task_metric_ratio", "task_metric_drop"})
+
+
+def unresolvable_search(start: Candidate, thresholds: Thresholds, best_case: dict | None) -> str | None:
     """Return why a search from start could not decide anything (None when it could): start fails no limit, and
-    the limits it leaves undecided are the task-metric drop's, which the samples cannot resolve even with no
-    sample changed, so every candidate would be undecided too."""
-    if start.meets or start.error is not None or not start.undecided or resolvable_drop is None:
+    the limits it leaves undecided are the task metric's, which even a candidate identical to float (best_case:
+    its KPIs on these samples, ptq.best_case) leaves undecided, so every candidate would be undecided too."""
+    if start.meets or start.error is not None or not start.undecided or best_case is None:
         return None
-    limit = thresholds.max_task_metric_drop
-    if limit is None or resolvable_drop <= limit:
-        return None
-    states = {v.limit.kpi: v.state for v in check_all(start.kpis, accuracy_limits(thresholds))}
+    limits = accuracy_limits(thresholds)
+    states = {v.limit.kpi: v.state for v in check_all(start.kpis, limits)}
     undecided = {kpi for kpi, state in states.items() if state == "inconclusive"}
-    if undecided != {"task_metric_drop"} or "failed" in states.values():
+    if not undecided or not undecided <= TASK_KPIS or "failed" in states.values():
         return None
-    samples = (start.kpis.get("intervals") or {}).get("task_metric_drop", {}).get("samples")
-    needed = stats.proportion_needed(0.0, limit)
-    return (f"mixed precision did not search: {samples or 'the'} evaluation samples resolve a task-metric drop of "
-            f"at best {resolvable_drop:.3g}, above the limit {limit:g}, so no candidate could be shown to meet it "
-            f"(the start recipe {start.name} fails no limit); about {needed or 'more'} samples would decide")
+    task_limits = [lim for lim in limits if lim.kpi in undecided]
+    if any(not v.inconclusive for v in check_all(best_case, task_limits)):
+        return None
+    best = {**best_case, "intervals": dict(best_case.get("intervals") or {})}
+    samples = next(iter(best["intervals"].get(kpi, {}).get("samples") for kpi in sorted(undecided)), None)
+    return (f"mixed precision did not search: on {samples or 'the'} evaluation samples even a model identical to "
+            f"float leaves {', '.join(sorted(undecided))} undecided, so no candidate could be shown to meet it (the "
+            f"start recipe {start.name} fails no limit): " + "; ".join(stats.unresolved(best, task_limits)))
 
 
 def _search_not_run(start: Candidate, thresholds: Thresholds, reason: str) -> StepReport:

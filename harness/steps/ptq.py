@@ -214,6 +214,12 @@ def resolution(dataset: Dataset, reference: list[Feed]) -> float | None:
     return stats.resolvable_drop(len(outcomes))
 
 
+def best_case(dataset: Dataset, reference: list[Feed]) -> dict:
+    """Return the KPIs, with their intervals, of a quantized model whose outputs equal float's on every sample:
+    the best evidence these samples can give (a limit it leaves undecided, no candidate can decide)."""
+    return compare_quantized(reference, reference, dataset, task_metric(reference, dataset, reference))
+
+
 def resolution_note(samples: int, resolvable: float | None, thresholds: Thresholds,
                     inference_s: float | None = None) -> str | None:
     """Return the note that `samples` evaluation samples cannot resolve the task-metric drop limit even with no
