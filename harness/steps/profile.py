@@ -225,7 +225,7 @@ def slow_plan(rule: MeasureRule, blocks: int, inference_s: float) -> tuple[Measu
            f"inference of the shipped model took {inference_s:.3g} s, and the step's simulator budget is "
            f"{PROFILE_STEP_BUDGET_S:g} s (minimum {MIN_SLOW_BLOCKS} blocks; {2 * count + 2} inferences with the "
            "detailed profile's outputs pass and one execution); simulator wall time is not a phone latency")
-    return replace(rule, min_iterations=count, warmup=0, budget_s=None), count, why
+    return replace(rule, min_iterations=count, min_duration_s=0.0, warmup=0, budget_s=None), count, why
 
 
 def measure_blocks(runner: DeviceRunner, model: Path, feed: Feed, rule: MeasureRule,
