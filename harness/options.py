@@ -16,6 +16,7 @@ from typing import Callable
 from harness.errors import ConfigError
 
 SWEEP_MODES = ("off", "quick", "full")
+PRECISION_BUDGET_S = 300.0  # the precision search's default time budget (Step 3, stage 5)
 AIMET_MODES = ("auto", "on", "off")
 WINDOW_S = 5.0  # the soak's statistics window
 
@@ -52,6 +53,7 @@ class AccuracyOptions:
     encodings_file: str = ""
     error_isolation_samples: int = 4
     aimet: str = "auto"  # the AIMET step's mode
+    precision_budget_s: float = PRECISION_BUDGET_S  # --precision-budget-s: the precision search's time budget
 
 
 @dataclass(frozen=True)

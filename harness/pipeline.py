@@ -28,6 +28,9 @@ from harness.steps.inference import host_reference
 from harness.steps.report import StepReport
 from harness.target import Target
 
+ENERGY_MIN_INFERENCES = 20  # harness.steps.energy.size_inferences' minimum
+ENERGY_MIN_SLOW_INFERENCES = 3  # ... for a slow shipped model (Onboarding.energy)
+
 
 class Onboarding(PipelineBase):
     """Artifacts and step reports of a single-graph model (kind onnx) for one Target, computed on demand."""
@@ -112,6 +115,24 @@ class Onboarding(PipelineBase):
             return None
 
     @memoized
+    def shipped_cost(self) -> "sizing.InferenceCost | None":
+        """One timed HTP inference of the model that ships (None when it cannot run): what sizes profile, runtime
+        and Step 7 on it, so a slow shipped precision (16-bit activations, FP16) costs them about the same
+        device time as an 8-bit model. The default 8-bit model's cost when that one ships; else one probe
+        inference (cached, shared with the precision search's probe of FP16)."""
+        try:
+            model = self.deployable_model()
+            if model == self._quantized(self.calibration()):
+                return self.inference_cost()
+            return sizing.measure_inference(model, self.dataset().evaluation[0], self.runner, self.cache, repeats=1)
+        except HarnessError:
+            return None
+
+    def _shipped_s(self) -> float | None:
+        cost = self.shipped_cost()
+        return cost.inference_s if cost is not None else None
+
+    @memoized
     def float_reference(self) -> list[Feed]:
         """Host CPU outputs of the converted float model on the evaluation data."""
         return host_reference(self.converted_model(), self.dataset().evaluation, self.cache)
@@ -133,7 +154,8 @@ class Onboarding(PipelineBase):
         """Return which quantized model ships ('ptq', 'mixed_precision' or 'aimet') and its path.
 
         PTQ's when PTQ passes decisively (every limit met on its KPI's interval); else the first recovery step
-        whose model meets the KPI decisively (mixed precision, then AIMET when its step ran). When none does,
+        whose model meets the KPI decisively (mixed precision, then AIMET when its step ran; AIMET first when
+        mixed precision's choice is FP16 on the HTP, the last resort). When none does,
         PTQ's model ships, unless PTQ failed decisively and a recovery's model could not be decided (an interval
         straddles a limit): that one ships, as nothing decisively better exists. An inconclusive PTQ therefore
         keeps its model unless a recovery proves one. `mixed` is the mixed-precision report while that step is
@@ -147,6 +169,8 @@ class Onboarding(PipelineBase):
             return "ptq", self.qdq_model()
         aimet = None if building else self._aimet_report()
         recoveries = [("mixed_precision", mixed), *([("aimet", aimet)] if aimet is not None else [])]
+        if mixed.kpis.get("precision") == "fp16":  # the last resort: a quantized AIMET model meeting the KPI first
+            recoveries.reverse()
         for name, report in recoveries:
             if report.kpis.get("met_threshold"):
                 return name, report.artifacts["model"]
@@ -249,16 +273,23 @@ class Onboarding(PipelineBase):
 
     @memoized
     def mixed_precision(self) -> StepReport:
-        """Step 3 stage 5 report: promotion units (tied activations) promoted to 16 bits from the best
-        8-bit recipe (the sweep's, or PTQ's with --sweep off), ranked by their measured effect;
-        artifacts['encodings'] is the deployable model's QAIRT overrides file."""
+        """Step 3 stage 5 report, the precision search: from the best candidate of any kind (the sweep's, or PTQ's
+        with --sweep off), promotion units (tied activations) promoted to 16 bits from an 8-bit recipe, ranked by
+        their measured effect; FP16 on the HTP when nothing quantized meets the KPI; the cheapest candidate meeting
+        it, within --precision-budget-s. artifacts['encodings'] is the deployable model's QAIRT overrides file
+        (none when FP16 ships)."""
         start = self._mixed_precision_start()
-        units = promotion.promotion_units(self.converted_model(), start.model or self.qdq_model(),
+        pool = self.sweep_result()[1] if self.accuracy.sweep != "off" else []
+        eight_bit = next((c.model for c in [start, *pool] if c.error is None and c.precision in ("a8", "mixed")),
+                         None)
+        units = promotion.promotion_units(self.converted_model(), eight_bit or self.qdq_model(),
                                           self.error_isolation())
         report = mixed_precision.mixed_precision(
             self.converted_model(), self.dataset(), self.float_reference(), self.runner, self.thresholds,
-            self.cache, start, units, best_case=ptq.best_case(self.dataset(), self.float_reference()))
-        if "model" in report.artifacts:
+            self.cache, start, units, best_case=ptq.best_case(self.dataset(), self.float_reference()),
+            pool=pool, soc=self.target.soc, budget_s=self.accuracy.precision_budget_s,
+            allow_cpu_fallback=self.thresholds.min_htp_fraction < 1.0)
+        if "model" in report.artifacts and report.kpis.get("precision") != "fp16":
             final = self.deployable_model(report)
             report.artifacts["encodings"] = exported_encodings(final, self.cache)
             report.kpis["encodings_of"] = "ptq" if final == self.qdq_model() else "mixed_precision"
@@ -266,11 +297,12 @@ class Onboarding(PipelineBase):
         return report
 
     def _mixed_precision_start(self) -> sweep.Candidate:
+        """The precision search's start: the sweep's best candidate of any kind (8- or 16-bit activations), else
+        PTQ's."""
         if self.accuracy.sweep != "off":
-            eight_bit = [c for c in self.sweep_result()[1]
-                         if c.error is None and c.recipe.activation_type in sweep.EIGHT_BIT]
-            if eight_bit:
-                return eight_bit[0]
+            best = next((c for c in self.sweep_result()[1] if c.error is None), None)
+            if best is not None:
+                return best
         report, model = self.ptq(), self.qdq_model()
         return sweep.Candidate(self.recipe, model, {**report.kpis, "model_bytes": model.stat().st_size},
                                meets=report.passed, undecided=report.status == "inconclusive")
@@ -296,7 +328,8 @@ class Onboarding(PipelineBase):
         if self.ptq().passed:
             return "ptq"
         try:
-            return "mixed_precision" if self.mixed_precision().kpis.get("met_threshold") else None
+            kpis = self.mixed_precision().kpis  # FP16 meeting it leaves AIMET a cheaper, quantized one to find
+            return "mixed_precision" if kpis.get("met_threshold") and kpis.get("precision") != "fp16" else None
         except HarnessError:
             return None
 
@@ -343,12 +376,13 @@ class Onboarding(PipelineBase):
         return profile.profile(self.context_artifact(), self.deployable_model(), self.dataset().evaluation[0],
                                self.runner, self.target.soc, self.thresholds, rule, self._run_dir("profile"),
                                label=self._label,
-                               placement=self.context_binary().tables.get("placement"), blocks=blocks)
+                               placement=self.context_binary().tables.get("placement"), blocks=blocks,
+                               inference_s=self._shipped_s())
 
     @memoized
     def runtime(self) -> StepReport:
         """Step 6 report."""
-        return runtime.runtime(self.context_artifact(), self.dataset().evaluation, self.runner)
+        return runtime.runtime(self.context_artifact(), self.dataset().evaluation, self.runner, self._shipped_s())
 
     # ------------------------------------------------------------------ Step 7, validation
 
@@ -367,7 +401,7 @@ class Onboarding(PipelineBase):
         or when its cost cannot be measured, else as many samples as fit sizing.VALIDATION_BUDGET_S (more than the
         accuracy steps' EVAL_BUDGET_S per pass: it is one pass)."""
         data = self.full_dataset()
-        cost = None if data.labelled and data.task is None else self.inference_cost()
+        cost = None if data.labelled and data.task is None else self.shipped_cost()
         if cost is None or len(data.evaluation) <= sizing.MIN_EVAL_SAMPLES:
             return data
         count = sizing.evaluation_count(cost.inference_s, len(data.evaluation), sizing.VALIDATION_BUDGET_S)
@@ -380,7 +414,7 @@ class Onboarding(PipelineBase):
         data = self.validation_dataset()
         reference = host_reference(self.converted_model(), data.evaluation, self.cache)
         deployed, _ = self.deployable()
-        cost = self.inference_cost()
+        cost = self.shipped_cost()
         return validation_accuracy.validation_accuracy(self.context_artifact(), data, reference, self.runner,
                                                        self.thresholds, deployed,
                                                        inference_s=cost.inference_s if cost is not None else None)
@@ -388,7 +422,7 @@ class Onboarding(PipelineBase):
     @memoized
     def sustained(self) -> StepReport:
         """Step 7 report: cooldown, then a soak of the context binary with per-window latency and thermals."""
-        cost = self.inference_cost()
+        cost = self.shipped_cost()
         return sustained.sustained(self.context_artifact(), self.dataset().evaluation, self.runner, self.thresholds,
                                    self.validation.soak(self.telemetry_source), self._run_dir("sustained"),
                                    self._label, inference_s=cost.inference_s if cost is not None else None)
@@ -398,7 +432,15 @@ class Onboarding(PipelineBase):
         """Step 7 report: idle power, then power over a fixed number of inferences; energy per inference."""
         lengths = self.validation.lengths(self.telemetry_source)
         count, reason = self.validation.energy_inferences, "--energy-inferences"
-        if count is None:
+        shipped_s = self._shipped_s() if self.shipped_cost() is not self.inference_cost() else None
+        if count is None and shipped_s and shipped_s * ENERGY_MIN_INFERENCES > lengths.energy_target_s:
+            # a slow shipped model other than the 8-bit one (16-bit activations, FP16): the simulator runs each
+            # inference for real, so no probe run, and as many as fit the target
+            count = energy.size_inferences(shipped_s, lengths.energy_target_s, minimum=ENERGY_MIN_SLOW_INFERENCES)
+            reason = (f"{count} inferences: about {lengths.energy_target_s:g} s at {shipped_s:.3g} s per HTP "
+                      f"inference of the shipped model (its measured cost; minimum {ENERGY_MIN_SLOW_INFERENCES} "
+                      f"instead of {ENERGY_MIN_INFERENCES} for a model this slow); --energy-inferences sets it")
+        elif count is None:
             per_inference_s = energy.warm_inference_s(self.runner, self.context_artifact().model,
                                                       self.dataset().evaluation[0])
             count = energy.size_inferences(per_inference_s, lengths.energy_target_s)

@@ -78,17 +78,18 @@ class InferenceCost:
     cpu_time: bool = False
 
 
-def measure_inference(model: Path, feed: Feed, runner: DeviceRunner, cache: ArtifactCache) -> InferenceCost:
+def measure_inference(model: Path, feed: Feed, runner: DeviceRunner, cache: ArtifactCache,
+                      repeats: int = COST_REPEATS) -> InferenceCost:
     """Return the time of one `htp` inference of model on feed on the runner's device (cached): the faster of
-    COST_REPEATS inferences in one session, so that a spike or a first run's warm-up does not shrink the evaluation
-    set, and with it what the accuracy verdicts can resolve; on the HTP simulator the runner's CPU time, so that a
+    `repeats` inferences in one session (COST_REPEATS; 1 for a probe of a slow candidate), so that a spike or a
+    first run's warm-up does not shrink the evaluation set, and with it what the accuracy verdicts can resolve; on the HTP simulator the runner's CPU time, so that a
     busy host does not either (at a load average of 13 a 300-sample set was cut to 146 by wall time)."""
     device = runner.transport.device
     key = content_key("htp-cost-v3", model, feeds_digest([feed]), device.id, runner.transport.soc.id, RUNNER_VERSION,
-                      COST_REPEATS)
+                      repeats)
 
     def build(out: Path) -> None:
-        run = runner.run(model, [feed] * COST_REPEATS, "htp")
+        run = runner.run(model, [feed] * repeats, "htp")
         cpu_time = run.latency_source == "simulator" and len(run.inference_cpu_s) == len(run.inference_s) > 0
         times = run.inference_cpu_s if cpu_time else run.inference_s
         record = {"inference_s": float(min(times)) if times else 0.0, "load_s": run.load_s,

@@ -114,7 +114,8 @@ def imbalanced(devices, sm8650_runner, cache):
 def test_aimet_recovers_the_kpi_where_ptq_the_sweep_and_mixed_precision_miss(imbalanced):
     ob = imbalanced
     assert not ob.ptq().passed and not ob.sweep().kpis["best_meets_kpi"]
-    assert not ob.mixed_precision().kpis["met_threshold"]
+    mixed = ob.mixed_precision().kpis  # no quantized configuration met it (FP16 on the HTP, the last resort, may)
+    assert not mixed["met_threshold"] or mixed["precision"] == "fp16"
     assert ob.aimet_skip_reason() is None  # auto: the earlier recovery missed
     report = ob.aimet()
     k = report.kpis

@@ -129,7 +129,9 @@ def test_unfixed_dynamic_dim_fails_conversion_and_skips_dependents(run_suites, p
     (["--device", "sm9999"], "*unknown device 'sm9999'*known device ids: *sm8650-emu*known SoCs: *sm8650*"),
     (["--model", "/nonexistent/model.onnx"], "*model '/nonexistent/model.onnx': no such file*"),
     (["--input-shape", "input=1,x"], "*--input-shape 'input=1,x': expected NAME=D0,D1,...*"),
-], ids=["unknown-device", "missing-model", "bad-shape"])
+    (["--precision-budget-s", "0"], "*--precision-budget-s: 0 s leaves the precision search no time*above 0*"),
+    (["--precision-budget-s", "-5"], "*--precision-budget-s: -5 s leaves the precision search no time*"),
+], ids=["unknown-device", "missing-model", "bad-shape", "zero-budget", "negative-budget"])
 def test_usage_errors_exit_4_with_a_clear_message(run_suites, args, message):
     result, _ = run_suites(*args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR

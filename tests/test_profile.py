@@ -15,7 +15,8 @@ from harness.models import Thresholds, resolve_model
 from harness.profiling import ProfileFormatError, op_table, parse_profile_csv
 from harness.steps.profile import (DEVICE_RULE, EMULATOR_RULE, PROFILE_ITERATIONS, SIMULATOR_BUDGET_S,
                                    MeasureRule, default_rule, detailed_profile,
-                                   block_rule, latency_stats, measure_blocks, measure_latency, profile, sized_rule)
+                                   block_rule, latency_stats, measure_blocks, measure_latency, profile, sized_rule,
+                                   PROFILE_STEP_BUDGET_S, planned_inferences, slow_plan)
 from model_builders import conv_classifier
 from perf_helpers import random_feeds
 
@@ -68,6 +69,27 @@ def test_profile_sizes_its_count_on_the_simulator_from_the_warm_up_and_times_ind
     explicit = MeasureRule(6, 0.0, 1)  # --min-iterations given: run as is, no probe session
     timed = measure_blocks(sm8650_runner, ctx.model, random_feeds(1)[0], explicit, blocks=2)
     assert timed.rule == MeasureRule(3, 0.0, 1) and timed.sized_why is None and timed.stats.iterations == 6
+
+
+@pytest.mark.parametrize("inference_s, blocks", [(10.0, 2), (28.0, 2), (5.0, 5), (6.0, 4)])
+def test_a_slow_model_gets_fewer_blocks_of_one_iteration_within_the_step_budget(inference_s, blocks):
+    rule = default_rule("emulator")
+    assert planned_inferences(rule, 5, inference_s) * inference_s > PROFILE_STEP_BUDGET_S
+    sized, count, why = slow_plan(rule, 5, inference_s)
+    assert count == blocks and sized == MeasureRule(blocks, 0.0, 0)
+    assert f"{inference_s:.3g} s" in why and f"{blocks} blocks of 1 timed iteration" in why
+    # an 8-bit model at a few ms keeps the rule (and its probe): 32 inferences well within the budget
+    assert planned_inferences(rule, 5, 0.05) * 0.05 <= PROFILE_STEP_BUDGET_S
+
+
+def test_a_slow_shipped_model_is_profiled_without_a_probe_in_fewer_blocks(ctx, sm8650_runner):
+    timed = measure_blocks(sm8650_runner, ctx.model, random_feeds(1)[0], default_rule("emulator"), blocks=5,
+                           inference_s=28.0)  # FP16's cost on ppocrv5_rec, given as the shipped model's
+    assert timed.slow and len(timed.blocks) == 2 and timed.stats.iterations == 2
+    assert [b.run.latency_source for b in timed.blocks] == ["simulator"] * 2 and "28 s" in timed.sized_why
+    fast = measure_blocks(sm8650_runner, ctx.model, random_feeds(1)[0], default_rule("emulator"), blocks=5,
+                          inference_s=0.001)
+    assert not fast.slow and len(fast.blocks) == 5
 
 
 def test_a_block_rule_shares_the_iterations_and_duration():

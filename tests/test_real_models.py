@@ -268,6 +268,25 @@ def check_outcomes(name: str, soc: str, expect: Expect, got: dict) -> None:
             assert outcome == "passed", f"{where}: {step} {outcome}: {message}"
 
 
+def check_precision_search(where: str, got: dict, soc: str) -> None:
+    """Assert the precision search ended with a configuration meeting the KPI (its precision and context size
+    recorded), or with FP16 on the HTP tried (or said why not: a v68 HTP, the budget) and its evidence in the
+    message."""
+    mixed = got["mixed_precision"]
+    k = mixed["kpis"] or {}
+    if mixed["outcome"] not in ("failed", "inconclusive", "passed") or k.get("search") == "not run" or not k:
+        return
+    if k.get("met_threshold"):
+        assert k["precision"] in ("a8", "mixed", "a16", "fp16") and k["context_bytes"], f"{where}: {k}"
+        return
+    fp16 = k.get("fp16")
+    if fp16 is None:  # not tried: the SoC's HTP has no FP16, or the budget was spent first
+        assert soc == "qcs6490" or any(u.startswith("FP16 on the HTP") for u in k.get("untried", [])), \
+            f"{where}: FP16 not tried: {k}"
+    elif fp16["error"] is None:
+        assert "even FP16 on the HTP misses it" in mixed["message"] and k.get("fp16_divergence"), f"{where}: {k}"
+
+
 def check_kpis(name: str, soc: str, expect: Expect, got: dict) -> None:
     """Assert the KPIs of the steps that ran against the model's rules."""
     where = f"{name} on {soc}"
@@ -316,6 +335,7 @@ def check_kpis(name: str, soc: str, expect: Expect, got: dict) -> None:
     sweep = got["sweep"]
     if sweep["outcome"] == "passed" and expect.task is None:
         assert sweep["kpis"]["best_meets_kpi"] and sweep["kpis"]["cosine_similarity"] >= 0.98, f"{where}: {sweep['kpis']}"
+    check_precision_search(where, got, soc)
     runtime = got["runtime"]
     if runtime["outcome"] == "passed":
         assert runtime["kpis"]["cosine_similarity"] >= MIN_RUNTIME_COSINE, f"{where}: runtime {runtime['kpis']}"

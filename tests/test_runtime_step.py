@@ -26,6 +26,8 @@ def test_the_binary_on_the_device_matches_the_hosts_run_of_it(qdq, cache, device
     assert k["shipped_files"] == ["model_ctx.onnx", "model_ctx_qnn.bin", "context.json"]
     assert k["cosine_similarity"] == pytest.approx(1.0) and k["max_abs_diff"] == 0.0 and k["bit_exact"]
     assert report.passed, report.problems()
+    slow = runtime(ctx, random_feeds(10), sm8650_runner, inference_s=28.0)  # FP16's cost on ppocrv5_rec
+    assert slow.kpis["samples"] == 2 and "instead of 8" in slow.kpis["samples_reason"] and slow.passed
 
 
 def test_runtime_refuses_a_binary_for_another_soc(qdq, cache, devices, sm8650_runner):

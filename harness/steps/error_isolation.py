@@ -124,12 +124,9 @@ def expose_quantized_tensors(qdq_model: Path, cache: ArtifactCache) -> tuple[Pat
     return entry.path / "model.onnx", tensors
 
 
-def float_activations(float_model: Path, feeds: list[Feed], cache: ArtifactCache) -> dict[str, list[np.ndarray]]:
-    """Return every float tensor of float_model on feeds (flattened), from one pass per sample,
-    with onnxruntime's qdq_loss_debug."""
-    from onnxruntime.quantization.qdq_loss_debug import collect_activations, modify_model_output_intermediate_tensors
-
-    from harness.quantization.calibration import FeedReader
+def float_debug_model(float_model: Path, cache: ArtifactCache) -> Path:
+    """Return a cached copy of float_model with every intermediate tensor as a graph output (qdq_loss_debug)."""
+    from onnxruntime.quantization.qdq_loss_debug import modify_model_output_intermediate_tensors
 
     def build(out: Path) -> None:
         source = out / "float.onnx"  # the tool writes a shape-inferred copy beside its input
@@ -137,7 +134,17 @@ def float_activations(float_model: Path, feeds: list[Feed], cache: ArtifactCache
         modify_model_output_intermediate_tensors(str(source), str(out / "model.onnx"))
         source.unlink()
 
-    augmented = cache.entry("debug_float", content_key("debug-float-v1", float_model), build).path / "model.onnx"
+    return cache.entry("debug_float", content_key("debug-float-v1", float_model), build).path / "model.onnx"
+
+
+def float_activations(float_model: Path, feeds: list[Feed], cache: ArtifactCache) -> dict[str, list[np.ndarray]]:
+    """Return every float tensor of float_model on feeds (flattened), from one pass per sample,
+    with onnxruntime's qdq_loss_debug."""
+    from onnxruntime.quantization.qdq_loss_debug import collect_activations
+
+    from harness.quantization.calibration import FeedReader
+
+    augmented = float_debug_model(float_model, cache)
     try:
         return collect_activations(str(augmented), FeedReader(feeds))
     except Exception as e:

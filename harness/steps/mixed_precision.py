@@ -1,6 +1,8 @@
-"""Step 3, stage 5: mixed precision, promoting the activations that matter most to 16 bits.
+"""Step 3, stage 5: the precision search, promoting the activations that matter most to 16 bits.
 
-Starting from an 8-bit recipe:
+It starts from the best candidate of any kind (promotion_start says where promotion runs from); FP16 on
+the HTP, each candidate's cost and the cheapest candidate meeting the KPI are harness.steps.precision's.
+From an 8-bit recipe:
 
 1. **Units.** Activations are promoted in *promotion units* (harness.steps.promotion): a tensor with
    the tensors folded into it, the tensors sharing its encoding, and the inputs and outputs of
@@ -45,6 +47,8 @@ from harness.kpi import check_all
 from harness.models import Thresholds
 from harness.runner.client import DeviceRunner
 from harness.steps.inference import host_qdq_run, task_metric
+from harness.devices import SocSpec
+from harness.steps import precision
 from harness.steps.promotion import PromotionUnit
 from harness.steps.ptq import QuantRecipe, compare_quantized, judge
 from harness.steps.report import StepReport
@@ -185,12 +189,36 @@ def rank_by_effect(effects: list[UnitEffect], start_sqnr_db: float) -> list[Prom
 
 # ------------------------------------------------------------------------------ the step
 
+def promotion_start(best: Candidate, pool: list[Candidate]) -> tuple[Candidate | None, str | None]:
+    """Return the candidate promotion to 16 bits starts from, or None and why it does not run.
+
+    best (the best candidate of any kind) when its activations are 8-bit. When they are 16-bit: if best misses
+    the KPI, none (promoting an 8-bit recipe's activations to 16 bits cannot beat holding them all in 16 bits);
+    if it meets it and no 8-bit candidate does, the best 8-bit candidate (a cheaper configuration may lie
+    between the two)."""
+    if best.error is not None or best.precision in ("a8", "mixed"):
+        return best, None
+    if not best.meets:
+        return None, (f"the best candidate, {best.name}, already holds every activation in 16 bits and misses the "
+                      "KPI: promoting an 8-bit recipe's activations to 16 bits cannot do better, so no promotion "
+                      "was searched")
+    eight = [c for c in rank(pool) if c.error is None and c.precision in ("a8", "mixed")]
+    if not eight or any(c.meets for c in eight):
+        return None, None
+    return eight[0], None
+
+
 def mixed_precision(model: Path, dataset: Dataset, reference: list[Feed], runner: DeviceRunner,
                     thresholds: Thresholds, cache: ArtifactCache, start: Candidate, units: list[PromotionUnit],
-                    measure_limit: int = MEASURED_UNITS, best_case: dict | None = None) -> StepReport:
-    """Return the mixed-precision report: which units were promoted from start's 8-bit recipe, how
-    each candidate unit measured on the host, the KPIs reached on the device and what each promotion
-    count cost (the `pareto` table and chart). artifacts['model'] is the chosen model.
+                    measure_limit: int = MEASURED_UNITS, best_case: dict | None = None,
+                    pool: list[Candidate] = (), soc: SocSpec | None = None,
+                    budget_s: float = precision.DEFAULT_BUDGET_S, allow_cpu_fallback: bool = False) -> StepReport:
+    """Return the precision search's report: start is the best candidate of any kind (pool: the sweep's other
+    candidates); which units were promoted to 16 bits from an 8-bit start (promotion_start), how each candidate
+    unit measured, the KPIs reached on the device and what each promotion count cost (the `pareto` table and
+    chart); then FP16 on soc's HTP when no quantized candidate meets the KPI, every candidate's cost (the
+    `precision_pareto` table) and the cheapest one meeting the KPI (harness.steps.precision), within budget_s
+    seconds. artifacts['model'] is the chosen model.
 
     best_case holds the KPIs a candidate identical to float gets on these samples (ptq.best_case): when the start
     is undecided only on task-metric limits that even it leaves undecided, no candidate could be shown to meet
@@ -200,6 +228,11 @@ def mixed_precision(model: Path, dataset: Dataset, reference: list[Feed], runner
     futile = unresolvable_search(start, thresholds, best_case)
     if futile is not None:
         return _search_not_run(start, thresholds, futile)
+    search = precision.SearchBudget(budget_s)
+    best = start
+    pool = [c for c in pool if c is not best]
+    promo, why_not = promotion_start(best, pool)
+    start = promo or best
     pinned = pinned_tensors(start)
     units = [u for u in units if not pinned.intersection(u.tensors)]
     budget = thresholds.max_promoted_tensors
@@ -211,7 +244,10 @@ def mixed_precision(model: Path, dataset: Dataset, reference: list[Feed], runner
     start_host: dict[str, Any] = {}
     ranked: list[PromotionUnit] = []
     ranking_runtime = None
-    if not start.meets and start.error is None and fitting:
+    if why_not:
+        report.notes.append(why_not)
+    if promo is not None and not start.meets and start.error is None and fitting \
+            and search.allows("measuring the promotion units"):
         try:
             start_host = host_kpis(start.model, dataset, reference, cache)
         except HarnessError as e:  # ranked on the device, where the start did run
@@ -229,7 +265,10 @@ def mixed_precision(model: Path, dataset: Dataset, reference: list[Feed], runner
         ranked = rank_by_effect(effects, baseline)
         measured = {e.unit: e for e in effects}
         usable = units_within_budget(ranked, budget)
-        for count in promotion_schedule(usable, usable):
+        schedule = promotion_schedule(usable, usable)
+        for i, count in enumerate(schedule):
+            if not search.allows(f"promoting {', '.join(map(str, schedule[i:]))} unit(s)"):
+                break
             chosen = ranked[:count]
             alone = measured[chosen[0]] if count == 1 else None
             if alone is not None and alone.candidate is not None:
@@ -240,8 +279,22 @@ def mixed_precision(model: Path, dataset: Dataset, reference: list[Feed], runner
             tried.append((chosen, candidate))
             if candidate.meets:
                 break
-    met = [(u, c) for u, c in tried if c.meets]
-    promoted, final = met[0] if met else _best(tried)
+    evaluated = _unique([best, *pool, *(c for _, c in tried)])
+    fp16, fp16_estimate = None, None
+    if not any(c.meets for c in evaluated):
+        if (unavailable := precision.fp16_unavailable(soc)) is not None:
+            report.notes.append(unavailable)
+        elif search.allows("FP16 on the HTP"):
+            fits, fp16_estimate = precision.fp16_fits(model, dataset, runner, cache, search)
+            if fits:
+                fp16 = precision.evaluate_fp16(model, dataset, reference, runner, thresholds, cache)
+                evaluated.append(fp16)
+    sizes = ({id(c): precision.context_bytes(c, soc, cache, allow_cpu_fallback) for c in evaluated}
+             if soc is not None else {})
+    final = precision.cheapest(evaluated, sizes) or rank(evaluated)[0]
+    promoted = next((u for u, c in tried if c is final), [])
+    metric = "task_metric_ratio" if "task_metric_ratio" in (final.kpis or {}) else "cosine_similarity"
+    report.tables["precision_pareto"] = precision.pareto_rows(evaluated, sizes, final, metric)
     report.tables["pareto"] = [_pareto_row(u, c) for u, c in tried]
     baseline_sqnr = start.kpis.get("sqnr_db") if ranking_runtime == "htp" else start_host.get("sqnr_db")
     report.tables["candidates"] = _candidate_rows(effects, ranked, baseline_sqnr, ranking_runtime)
@@ -272,7 +325,13 @@ def mixed_precision(model: Path, dataset: Dataset, reference: list[Feed], runner
         "latency_source": k.get("latency_source"),  # the final candidate's run (RunResult.latency_source)
         "pareto": [{key: row[key] for key in ("promoted_units", "promoted_tensors", "sqnr_db", "cosine_similarity",
                                               "model_bytes", "simulated_ms")} for row in report.tables["pareto"]],
+        "best_candidate": best.name, "precision": final.precision, "htp_latency_ms": k.get("htp_latency_ms"),
+        "context_bytes": sizes.get(id(final)), "candidates_evaluated": len(evaluated),
+        "candidates_meeting_kpi": sum(c.meets for c in evaluated), "precision_budget_s": budget_s,
+        "search_s": search.spent_s(), "untried": list(search.untried),
+        "fp16": _fp16_kpis(fp16, evaluated), "fp16_estimate": fp16_estimate,
     }
+    evidence = _evidence(final, fp16, evaluated, effects, units, model, dataset, runner, cache, thresholds, report)
     if effects:
         where = ("the host's QDQ emulation" if ranking_runtime == "host_qdq" else
                  "the device's htp runtime (the host's QDQ emulation of the start recipe meets the KPI: "
@@ -281,22 +340,94 @@ def mixed_precision(model: Path, dataset: Dataset, reference: list[Feed], runner
             f"ranked {len(effects)} of {len(fitting)} promotion units within the budget by their measured effect "
             f"on {where}, at most {measure_limit} measured; {len(units) - len(fitting)} unit(s) larger than the "
             f"budget of {budget}; each promotion count confirmed on the device's htp runtime")
+    if search.untried:
+        report.notes.append(f"the precision budget of {budget_s:g} s (--precision-budget-s), {search.spent_s():.0f} s "
+                            f"spent, left untried: {'; '.join(search.untried)}")
     if not final.meets:
-        tried_text = " | ".join(f"{len(u)} unit(s) {[x.label for x in u]}: {c.describe()}" for u, c in tried)
+        tried_text = " | ".join([*(f"{len(u)} unit(s) {[x.label for x in u]}: {c.describe()}" for u, c in tried),
+                                 *(c.describe() for c in evaluated if not any(c is t for _, t in tried))])
         if final.undecided:
             report.inconclusive.append(
                 f"promoting up to {budget} quantized activations to 16 bits in {len(ranked)} ranked unit(s) met the "
                 f"KPI on no candidate decisively; the best, {final.name}, could not be decided on "
-                f"{len(dataset.evaluation)} samples; tried: {tried_text}")
+                f"{len(dataset.evaluation)} samples{evidence}; tried: {tried_text}")
         else:
             report.failures.append(
                 f"promoting up to {budget} quantized activations to 16 bits in {len(ranked)} ranked unit(s) did not "
-                f"meet the KPI; tried: {tried_text}")
+                f"meet the KPI{evidence}; tried: {tried_text}")
     judge(report)
     report.notes.extend(dataset.warnings)
     report.artifacts["model"] = final.model
     report.artifacts["pareto_plot"] = _pareto_plot(report.tables["pareto"], thresholds, start.name, cache)
     return report
+
+
+def _unique(candidates: list[Candidate]) -> list[Candidate]:
+    """Return candidates without repeats (by identity), in order."""
+    seen: set[int] = set()
+    return [c for c in candidates if not (id(c) in seen or seen.add(id(c)))]
+
+
+def _fastest_quantized(evaluated: list[Candidate]) -> Candidate | None:
+    """Return the quantized candidate with the lowest HTP latency (None when none has one)."""
+    timed = [c for c in evaluated if not c.fp16 and c.error is None and c.kpis.get("htp_latency_ms") is not None]
+    return min(timed, key=lambda c: c.kpis["htp_latency_ms"]) if timed else None
+
+
+def _fp16_kpis(fp16: Candidate | None, evaluated: list[Candidate]) -> dict[str, Any] | None:
+    """Return FP16's row of KPIs (None when it was not tried): accuracy, latency and its ratio to the fastest
+    quantized candidate's."""
+    if fp16 is None:
+        return None
+    k, fastest = fp16.kpis, _fastest_quantized(evaluated)
+    latency = k.get("htp_latency_ms")
+    ratio = latency / fastest.kpis["htp_latency_ms"] if latency and fastest and fastest.kpis["htp_latency_ms"] else None
+    return {"verdict": fp16.verdict, "meets_kpi": fp16.meets, "error": fp16.error,
+            "cosine_similarity": k.get("cosine_similarity"), "sqnr_db": k.get("sqnr_db"),
+            "task_metric": k.get("task_metric"), "htp_latency_ms": latency, "latency_source": k.get("latency_source"),
+            "fastest_quantized": fastest.name if fastest else None, "latency_vs_fastest_quantized": ratio}
+
+
+def _evidence(final: Candidate, fp16: Candidate | None, evaluated: list[Candidate], effects: list[UnitEffect],
+              units: list[PromotionUnit], model: Path, dataset: Dataset, runner: DeviceRunner, cache: ArtifactCache,
+              thresholds: Thresholds, report: StepReport) -> str:
+    """Add to report what FP16 on the HTP proves; return the clause the failure message carries ('' if none).
+
+    Only FP16 meets the KPI: the tensors that hold the quantization loss and FP16's latency cost, as a note.
+    FP16 misses it too: float against FP16 on the HTP and the first diverging tensor (KPI `fp16_divergence`)."""
+    if fp16 is None or fp16.error is not None:
+        return f"; FP16 on the HTP could not run: {fp16.error.splitlines()[0]}" if fp16 is not None else ""
+    info = report.kpis["fp16"]
+    cost = (f"FP16 takes {info['htp_latency_ms']:.3g} ms against {info['fastest_quantized']}'s "
+            f"{_fastest_quantized(evaluated).kpis['htp_latency_ms']:.3g} ms ({info['latency_vs_fastest_quantized']:.2g}x, "
+            f"{info['latency_source']})" if info["latency_vs_fastest_quantized"] else "FP16's latency is unknown")
+    if fp16.meets:
+        if final is fp16:
+            helped = [e.unit.label for e in sorted((e for e in effects if e.measured),
+                                                   key=lambda e: -e.kpis["sqnr_db"])][:3]
+            holders = helped or [u.label for u in units[:3]]
+            report.notes.append(
+                f"only FP16 on the HTP meets the KPI ({fp16.describe()}): no quantized candidate does; the "
+                f"quantization loss is held in {', '.join(holders) or 'tensors error isolation did not rank'} "
+                f"(error isolation's and the promotion search's most sensitive); {cost}")
+        return ""
+    try:
+        first = precision.first_fp16_divergence(model, dataset.evaluation, runner, cache,
+                                                 thresholds.min_cosine_similarity or 0.99)
+    except HarnessError as e:
+        first = {"tensor": None, "error": str(e).splitlines()[0]}
+    report.kpis["fp16_divergence"] = first
+    where = (f"the first diverging tensor is {first['tensor']} (node {first['node']}, {first['op_type']}, cosine "
+             f"{first['cosine']:.4f} against float)" if first.get("tensor") else
+             f"the per-tensor comparison could not run ({first['error']})" if "error" in first else
+             f"yet with every tensor exposed as an output none of {first['compared']} diverges below cosine "
+             f"{thresholds.min_cosine_similarity or 0.99:g} (lowest {first['lowest_cosine']:.4f} at "
+             f"{first['lowest_tensor']}): the loss appears only in the graph as the HTP compiles it whole (its "
+             "fused ops), not in one tensor")
+    return (f"; even FP16 on the HTP misses it (float against FP16 on the HTP: cosine "
+            f"{fp16.kpis['cosine_similarity']:.4f}, SQNR {fp16.kpis['sqnr_db']:.1f} dB over "
+            f"{len(dataset.evaluation)} samples; {where}): the model cannot run accurately on this HTP as it is; "
+            f"{cost}")
 
 
 def _ratio(kpis: dict[str, Any]) -> dict[str, Any]:
@@ -341,11 +472,6 @@ def _search_not_run(start: Candidate, thresholds: Thresholds, reason: str) -> St
                    "intervals": k.get("intervals")}
     report.inconclusive.append(reason)
     return report
-
-
-def _best(tried: list[tuple[list[PromotionUnit], Candidate]]) -> tuple[list[PromotionUnit], Candidate]:
-    ranked = rank([c for _, c in tried])
-    return next((u, c) for u, c in tried if c is ranked[0])
 
 
 def _pct(value: float | None, start: float | None) -> float | None:

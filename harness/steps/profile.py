@@ -67,6 +67,10 @@ DEVICE_RULE = MeasureRule(min_iterations=100, min_duration_s=10.0, warmup=10)
 SIMULATOR_BUDGET_S = 15.0  # timed-loop time on the HTP simulator when the user gave no iteration count
 SIMULATOR_MIN_ITERATIONS = 5
 PROFILE_BLOCKS = 5  # independent measurement blocks (runner invocations), each one median
+# the step's simulator time (probe, blocks, detailed profile) for a slow shipped model (16-bit activations, FP16):
+# past it, no probe (the shipped model's measured cost sizes it), fewer blocks of one timed iteration each
+PROFILE_STEP_BUDGET_S = 60.0
+MIN_SLOW_BLOCKS = 2
 
 
 def default_rule(transport: str, min_iterations: int | None = None, min_duration_s: float | None = None,
@@ -158,6 +162,7 @@ class Blocked:
     blocks: list[Measurement]
     rule: MeasureRule
     sized_why: str | None = None
+    slow: bool = False  # sized by slow_plan (a one-execution detailed profile follows)
 
     @property
     def times_ms(self) -> list[float]:
@@ -200,14 +205,44 @@ def block_rule(rule: MeasureRule, blocks: int) -> MeasureRule:
     return MeasureRule(max(1, math.ceil(rule.min_iterations / blocks)), rule.min_duration_s / blocks, rule.warmup)
 
 
+def planned_inferences(rule: MeasureRule, blocks: int, inference_s: float) -> int:
+    """Return the simulator inferences the profile step runs at inference_s each under rule: the probe (its
+    warm-ups and one timed), each block's outputs pass and timed iterations (sized_rule's count), and the
+    detailed profile."""
+    count = sized_rule(rule, inference_s)[0].min_iterations
+    return rule.warmup + 1 + blocks * (1 + math.ceil(count / blocks)) + PROFILE_ITERATIONS
+
+
+def slow_plan(rule: MeasureRule, blocks: int, inference_s: float) -> tuple[MeasureRule, int, str]:
+    """Return the rule, block count and why for a model whose planned_inferences exceed PROFILE_STEP_BUDGET_S:
+    one timed iteration in each of as many blocks (an outputs pass and a timed one each) as fit the budget with
+    a one-execution detailed profile, at least MIN_SLOW_BLOCKS, never more than blocks."""
+    fit = int((PROFILE_STEP_BUDGET_S / inference_s - 2) // 2) if inference_s > 0 else blocks
+    count = max(min(MIN_SLOW_BLOCKS, blocks), min(blocks, fit))
+    planned = planned_inferences(rule, blocks, inference_s)
+    why = (f"{count} blocks of 1 timed iteration and no probe run (the rule's plan, {planned} inferences, would "
+           f"take about {planned * inference_s:.0f} s): one HTP-simulator "
+           f"inference of the shipped model took {inference_s:.3g} s, and the step's simulator budget is "
+           f"{PROFILE_STEP_BUDGET_S:g} s (minimum {MIN_SLOW_BLOCKS} blocks; {2 * count + 2} inferences with the "
+           "detailed profile's outputs pass and one execution); simulator wall time is not a phone latency")
+    return replace(rule, min_iterations=count, min_duration_s=0.0, warmup=0, budget_s=None), count, why
+
+
 def measure_blocks(runner: DeviceRunner, model: Path, feed: Feed, rule: MeasureRule,
-                   blocks: int = PROFILE_BLOCKS) -> Blocked:
+                   blocks: int = PROFILE_BLOCKS, inference_s: float | None = None) -> Blocked:
     """Time model on the device's `htp` runtime in `blocks` separate runner invocations that together meet
-    rule. A rule without budget_s, or a device whose HTP is real (aarch64), runs as is; otherwise a first
-    session runs the warm-ups and times one warm inference, the count is cut by sized_rule, and each block
-    is warmed by its outputs pass only."""
+    rule. A rule without budget_s, or a device whose HTP is real (aarch64), runs as is; otherwise, when
+    inference_s (the model's measured cost) makes the plan exceed PROFILE_STEP_BUDGET_S, slow_plan sizes it
+    without a probe; else a first session runs the warm-ups and times one warm inference, the count is cut by
+    sized_rule, and each block is warmed by its outputs pass only."""
     why = None
-    if rule.budget_s is not None and latency_source("htp", runner.device_platform()[0]) != "device":
+    simulated = rule.budget_s is not None and latency_source("htp", runner.device_platform()[0]) != "device"
+    if simulated and inference_s and planned_inferences(rule, blocks, inference_s) * inference_s > \
+            PROFILE_STEP_BUDGET_S:
+        rule, blocks, why = slow_plan(rule, blocks, inference_s)
+        return Blocked([measure_latency(runner, model, [feed], "htp", block_rule(rule, blocks))
+                        for _ in range(blocks)], block_rule(rule, blocks), why, slow=True)
+    if simulated:
         probe = runner.run(model, [feed], "htp", warmup=rule.warmup)
         if probe.latency_source == "simulator" and probe.inference_s:
             rule, why = sized_rule(rule, probe.inference_s[0])
@@ -224,10 +259,11 @@ def context_sha256(ctx: ContextBinary) -> str:
     return hashlib.sha256(lines.encode()).hexdigest()
 
 
-def detailed_profile(runner: DeviceRunner, model: Path, feed: Feed, keep_dir: Path) -> QnnProfile:
-    """Run model on the device's HTP with QNN detailed profiling; return the parsed profile."""
-    runner.run(model, [feed], "htp", profiling_level="detailed", min_iterations=PROFILE_ITERATIONS,
-               keep_dir=keep_dir)
+def detailed_profile(runner: DeviceRunner, model: Path, feed: Feed, keep_dir: Path,
+                     iterations: int = PROFILE_ITERATIONS) -> QnnProfile:
+    """Run model on the device's HTP with QNN detailed profiling (iterations executions); return the parsed
+    profile."""
+    runner.run(model, [feed], "htp", profiling_level="detailed", min_iterations=iterations, keep_dir=keep_dir)
     csv_path = keep_dir / "qnn_profile.csv"
     if not csv_path.is_file():
         raise StepError(f"the device runner wrote no QNN profile for {model.name}")
@@ -242,23 +278,26 @@ def _op_types(model: Path) -> dict[str, str]:
 
 def profile(ctx: ContextBinary, qdq_model: Path, feed: Feed, runner: DeviceRunner, soc: SocSpec,
             thresholds: Thresholds, rule: MeasureRule, out_dir: Path, label: str,
-            placement: list[dict] | None = None, blocks: int = PROFILE_BLOCKS) -> StepReport:
+            placement: list[dict] | None = None, blocks: int = PROFILE_BLOCKS,
+            inference_s: float | None = None) -> StepReport:
     """Return the Step 5 report for the context binary on the device's `htp` runtime, its latency timed in
-    `blocks` independent blocks.
+    `blocks` independent blocks (fewer, and a one-execution detailed profile, for a slow model: inference_s,
+    its measured cost, see measure_blocks).
 
     Writes a latency histogram, a per-op bar chart and the raw QNN profile CSV into out_dir and
     lists them in the report's artifacts.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
-    timed = measure_blocks(runner, ctx.model, feed, rule, blocks)
+    timed = measure_blocks(runner, ctx.model, feed, rule, blocks, inference_s)
     rule, sized_why = timed.rule, timed.sized_why
     source = timed.blocks[0].run.latency_source
     per_op_source = "context_binary"
-    qnn = detailed_profile(runner, ctx.model, feed, out_dir / "profile_run")
+    executions = 1 if timed.slow else PROFILE_ITERATIONS
+    qnn = detailed_profile(runner, ctx.model, feed, out_dir / "profile_run", executions)
     if not qnn.has_node_rows:
         per_op_source = "qdq_model (the context binary's profile had no per-node rows)"
         shutil.rmtree(out_dir / "profile_run", ignore_errors=True)
-        qnn = detailed_profile(runner, qdq_model, feed, out_dir / "profile_run")
+        qnn = detailed_profile(runner, qdq_model, feed, out_dir / "profile_run", executions)
     rows = [r.as_dict() for r in op_table(qnn, _op_types(qdq_model))]
     csv_path = out_dir / "qnn_profile.csv"
     shutil.copyfile(qnn.path, csv_path)

@@ -32,6 +32,7 @@ from harness.errors import HarnessError, StepError
 from harness.kpi import check_all
 from harness.models import Thresholds
 from harness.options import SWEEP_MODES
+from harness.profiling import ProfileFormatError, parse_profile_csv
 from harness.runner.base import push_feeds, push_model
 from harness.runner.client import DeviceRunner, HtpRefusedError
 from harness.runner.device_runner import RUNNER_VERSION
@@ -40,6 +41,7 @@ from harness.steps.ptq import QuantRecipe, compare_quantized, judge, quantize
 from harness.steps.report import StepReport
 
 CALIBRATION_METHODS = ("MinMax", "Entropy", "Percentile")
+FP16_NAME = "FP16-htp"
 EIGHT_BIT = ("QUInt8", "QInt8")
 # onnxruntime's quantize_static runs entropy calibration with 128 histogram bins for 128 quantized
 # bins, which leaves one candidate threshold (the full range) and so equals MinMax. Entropy
@@ -59,11 +61,24 @@ class Candidate:
     error: str | None = None
     meets: bool = False  # every limit decisively passed (on its KPI's interval)
     undecided: bool = False  # not meeting, but no limit decisively failed: an interval straddles one
+    fp16: bool = False  # the float model on the HTP in FP16 (model is the float model, recipe unused)
 
     @property
     def name(self) -> str:
-        """The recipe's readable id."""
-        return self.recipe.name
+        """The recipe's readable id ('FP16-htp' for the float model on the HTP)."""
+        return FP16_NAME if self.fp16 else self.recipe.name
+
+    @property
+    def precision(self) -> str:
+        """Return the candidate's precision kind: 'a8' (8-bit activations), 'mixed' (8-bit with activations
+        promoted to 16 bits), 'a16' (16-bit activations) or 'fp16' (the float model on the HTP)."""
+        if self.fp16:
+            return "fp16"
+        if self.recipe.activation_type not in EIGHT_BIT:
+            return "a16"
+        promoted = any(o.get("quant_type") in ("QUInt16", "QInt16")
+                       for overrides in self.recipe.tensor_overrides.values() for o in overrides)
+        return "mixed" if promoted else "a8"
 
     def summary(self) -> dict[str, Any]:
         """Return the candidate as one row of the sweep's KPIs."""
@@ -73,6 +88,7 @@ class Candidate:
                 **_interval_columns(self.kpis, "task_metric_drop"), "meets_kpi": self.meets,
                 "verdict": self.verdict,
                 "model_bytes": self.kpis.get("model_bytes"), "mean_inference_ms": self.kpis.get("mean_inference_ms"),
+                "htp_latency_ms": self.kpis.get("htp_latency_ms"), "latency_source": self.kpis.get("latency_source"),
                 "error": self.error}
 
     @property
@@ -136,8 +152,8 @@ def evaluate_recipe(recipe: QuantRecipe, model: Path, dataset: Dataset, referenc
     try:
         recipe, candidate.model = quantize_recipe(recipe, model, dataset, cache)
         candidate.recipe = recipe
-        candidate.kpis = _candidate_kpis(candidate.model, recipe, dataset, reference, runner, cache,
-                                         device_lock, push_lock)
+        candidate.kpis = candidate_kpis(candidate.model, recipe.name, dataset, reference, runner, cache,
+                                        device_lock, push_lock)
     except HarnessError as e:
         candidate.error = str(e)
         return candidate
@@ -154,17 +170,19 @@ def quantize_recipe(recipe: QuantRecipe, model: Path, dataset: Dataset,
         return recipe, quantize(own, dataset.calibration, recipe, cache)
 
 
-def _candidate_kpis(model: Path, recipe: QuantRecipe, dataset: Dataset, reference: list[Feed],
-                    runner: DeviceRunner, cache: ArtifactCache, device_lock: threading.Lock | None,
-                    push_lock: threading.Lock | None) -> dict[str, Any]:
-    """Return a candidate's KPIs from its `htp` run over the evaluation data.
+def candidate_kpis(model: Path, name: str, dataset: Dataset, reference: list[Feed],
+                   runner: DeviceRunner, cache: ArtifactCache, device_lock: threading.Lock | None = None,
+                   push_lock: threading.Lock | None = None) -> dict[str, Any]:
+    """Return a candidate's KPIs from its `htp` run over the evaluation data, with its HTP latency
+    (`htp_latency_ms`: the median 'Accelerator (execute) time' of the run's basic QNN profile, labelled by
+    `latency_source`: 'simulator' on the HTP simulator, where it is not a phone's latency).
 
     The result is cached per (candidate model, data, float reference, device, runner), like the
     candidate model itself, so a re-run of the sweep ranks from the cache; the chosen model is
     run again by the steps after it.
     """
     labels = dataset.labels_key()
-    key = content_key("sweep-eval-v2", model, feeds_digest(dataset.evaluation), feeds_digest(reference), labels,
+    key = content_key("sweep-eval-v3", model, feeds_digest(dataset.evaluation), feeds_digest(reference), labels,
                       runner.transport.device.id, runner.transport.soc.id, RUNNER_VERSION)
 
     def build(out: Path) -> None:
@@ -172,18 +190,28 @@ def _candidate_kpis(model: Path, recipe: QuantRecipe, dataset: Dataset, referenc
             push_model(runner.transport, model)
         with device_lock or contextlib.nullcontext():
             try:
-                run = runner.run(model, dataset.evaluation, "htp")
+                run = runner.run(model, dataset.evaluation, "htp", profiling_level="basic", keep_dir=out / "run")
             except HtpRefusedError as e:  # name the refused nodes, not the runner's exit code
-                raise StepError(f"{recipe.name}: {e.summary}") from None
+                raise StepError(f"{name}: {e.summary}") from None
         float_metric = task_metric(reference, dataset, reference)
-        kpis = {"recipe": recipe.name, **compare_quantized(run.outputs, reference, dataset, float_metric),
+        kpis = {"recipe": name, **compare_quantized(run.outputs, reference, dataset, float_metric),
                 "model_bytes": model.stat().st_size,
                 "mean_inference_ms": 1000 * float(np.mean(run.inference_s)) if run.inference_s else None,
+                "htp_latency_ms": _profiled_latency_ms(out / "run" / "qnn_profile.csv"),
                 "latency_source": run.latency_source}
         (out / "kpis.json").write_text(json.dumps(kpis, indent=1, default=float))
 
     entry = cache.entry("sweep_eval", key, build)
     return {**json.loads((entry.path / "kpis.json").read_text()), "cached": entry.hit}
+
+
+def _profiled_latency_ms(csv_path: Path) -> float | None:
+    """Return the median accelerator execute time (ms) of a basic QNN profile CSV (None when there is none)."""
+    try:
+        times = [e.accelerator_us for e in parse_profile_csv(csv_path).executions if e.accelerator_us is not None]
+    except ProfileFormatError:
+        return None
+    return float(np.median(times)) / 1000 if times else None
 
 
 def entropy_ranges(model: Path, calibration: list[Feed], cache: ArtifactCache,

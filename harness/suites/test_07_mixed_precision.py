@@ -1,4 +1,5 @@
-"""Step 3, stage 5: mixed precision meets the KPI, and the final encodings are exported for QAIRT."""
+"""Step 3, stage 5: the precision search meets the KPI at the cheapest precision, and the final encodings are
+exported for QAIRT (none when FP16 on the HTP is what meets it)."""
 
 import pytest
 
@@ -9,4 +10,4 @@ def test_mixed_precision(mixed_precision, check):
     if report.status == "inconclusive":  # recorded so by check: no candidate was decided either way
         return
     assert report.kpis["met_threshold"]
-    assert report.artifacts["encodings"].is_file()
+    assert report.kpis["precision"] == "fp16" or report.artifacts["encodings"].is_file()
