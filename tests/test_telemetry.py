@@ -54,6 +54,25 @@ def test_model_starts_at_idle_steady_state_and_heats_like_an_rc_circuit():
     assert model.die_c == pytest.approx(33, abs=1e-3) and model.skin_c == pytest.approx(29, abs=1e-3)
 
 
+def test_a_refresh_right_after_another_does_not_show_idle_power_while_the_npu_works():
+    """A read_command's refresh 1 ms after the ticker's sees no new busy time (runners report every ~0.1 s): the
+    model does not advance over so short an interval, so the battery keeps the last interval's power and the
+    work reported later is counted then (before, the battery read idle for a whole tick and energy was lost)."""
+    from harness.emulator.thermal import MIN_INTERVAL_S
+
+    clock = FakeClock()
+    model = ThermalModel(ThermalParams(idle_power_w=1.0, load_power_w=6.0), clock)
+    clock.t += 0.25
+    model.advance(busy_s=0.25)
+    assert model.power_w == pytest.approx(6.0)
+    clock.t += 0.001
+    model.advance()
+    assert model.power_w == pytest.approx(6.0)
+    clock.t += 0.25
+    model.advance(busy_s=0.251)  # the instant's work arrives with the next report
+    assert model.power_w == pytest.approx(6.0) and MIN_INTERVAL_S >= 0.1
+
+
 def test_battery_power_matches_the_model_power():
     clock = FakeClock()
     model = ThermalModel(ThermalParams(load_power_w=6.0, battery_voltage_v=3.9), clock)
@@ -185,6 +204,7 @@ def test_sampler_through_adb_on_the_emulated_phone(catalog, tmp_path):
             time.sleep(0.3)
             idle = TelemetrySampler(transport)
             idle.sample_once()  # takes in the runner's last report (work reported late is carried)
+            time.sleep(0.15)  # longer than the model's shortest interval (thermal.MIN_INTERVAL_S)
             idle = idle.sample_once()  # an interval without NPU work: its own shell does not heat
         finally:
             transport.close()

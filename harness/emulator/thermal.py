@@ -101,6 +101,10 @@ BATTERY_INTERNAL_OHM = 0.12
 CHARGER_CURRENT_A = 3.0
 TICK_S = 0.25
 """Refresh period of the background ticker while at least one command runs."""
+MIN_INTERVAL_S = 0.1
+"""Shortest interval the model advances over: runners report busy time every ~0.1 s, so over a shorter one (a
+read_command's refresh just after the ticker's) the busy fraction would read 0 and the battery would show idle
+power until the next refresh, while the model counted idle for only that instant: the readings lost energy."""
 BUSY_BACKLOG_MIN_S = 1.0
 """Least late-reported busy time carried into later intervals (more when one report was larger)."""
 _BUSY_FILE = re.compile(r"^busy\.(\d+)(\..+)?$")
@@ -219,7 +223,8 @@ class ThermalModel:
         return p.idle_power_w + (p.load_power_w - p.idle_power_w) * busy_fraction / self.throttle
 
     def advance(self, busy_s: float = 0.0, now: float | None = None, largest_report_s: float | None = None) -> None:
-        """Integrate the temperatures up to `now` (monotonic s) with busy_s of newly reported NPU work.
+        """Integrate the temperatures up to `now` (monotonic s) with busy_s of newly reported NPU work (less than
+        MIN_INTERVAL_S after the last advance: only noted, for the next).
 
         The throttle state of the interval is the one in effect at its start; it is updated for the
         temperature reached at its end. largest_report_s is the largest single runner's report in
@@ -228,7 +233,7 @@ class ThermalModel:
         now = self._clock() if now is None else now
         self._pending_busy_s += max(0.0, busy_s)
         dt = now - self._t
-        if dt <= 0:
+        if dt < MIN_INTERVAL_S:  # too short to say how busy the NPU was: its work waits for the next interval
             return
         report_s = busy_s if largest_report_s is None else largest_report_s
         self._backlog_limit_s = max(BUSY_BACKLOG_MIN_S, report_s, self._backlog_limit_s - dt)
