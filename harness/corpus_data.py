@@ -156,7 +156,8 @@ def render_layout_page(rng: np.random.Generator, w: int, h: int) -> tuple[np.nda
             text, words_left = first if k == 0 else "", int(rng.integers(len(words) - 40))
             while True:
                 longer = (text + " " + words[words_left]).strip()
-                if draw.textbbox((x, y), longer, font=font)[2] > x + width or (k == n - 1 and len(longer) > width // 14):
+                last_full = k == n - 1 and len(longer) > width // 14  # a paragraph's last line is shorter
+                if draw.textbbox((x, y), longer, font=font)[2] > x + width or last_full:
                     break
                 text, words_left = longer, words_left + 1
             draw.text((x, y), text, fill=ink(), font=font)

@@ -13,7 +13,7 @@ from harness import corpus
 from harness.corpus_data import CDLA_CLASSES
 from harness.errors import EvaluationError
 from harness.evaluation.regions import map50, match_regions, parse_regions, picodet_boxes
-from tests.real_models_helpers import real_model_path, real_model_spec
+from real_models_helpers import real_model_path, real_model_spec
 
 BINS = 8  # a box side's distribution: 8 bins (layout_cdla's: 4 x 8 = 32 values per anchor)
 
@@ -51,11 +51,14 @@ def test_picodet_boxes_names_outputs_that_do_not_fit_the_input():
     outputs = picodet_outputs(64, 48, 5, {})
     with pytest.raises(EvaluationError, match="at stride 8 an input of 64x64 has 64 anchors"):
         picodet_boxes(outputs, (64, 64))
-    with pytest.raises(EvaluationError, match="the model has 7 outputs; a PicoDet has 8"):
+    with pytest.raises(EvaluationError, match=r"7 outputs hold \[48, 12, 4, 1, 48, 12, 4\] anchors; a PicoDet has 8"):
         picodet_boxes(outputs[:7], (64, 48))
+    ordered = picodet_outputs(64, 48, 5, {(0, 9): (2, 0.9, (1, 1, 2, 3)), (2, 1): (0, 0.6, (0, 1, 0, 1))})
+    interleaved = [a for pair in zip(ordered[:4], ordered[4:]) for a in pair]  # output names sorted: score, box, ...
+    assert picodet_boxes(interleaved, (64, 48)) == picodet_boxes(ordered, (64, 48))
+    assert len(picodet_boxes(ordered, (64, 48))) == 2
 
 
-@pytest.mark.real_models
 def test_picodet_boxes_is_rapid_layouts_own_post_processing_on_layout_cdla():
     import onnxruntime as ort
 

@@ -2,8 +2,8 @@
 COCO-style mAP at IoU 0.5 against labelled regions (`map50`).
 
 `picodet_boxes` is rapid_layout 1.2.1's PPPostProcess (model_handler/pp/post_process.py, what RapidLayout runs on
-its PP layout models): the outputs' first half are per-level class scores (anchors, classes), the second half
-per-level box distributions (anchors, 4 x (reg_max + 1)), levels at strides 8, 16, 32, 64 over the input, anchors
+its PP layout models): per level, class scores (anchors, classes) and box distributions (anchors, 4 x (reg_max +
+1)), levels at strides 8, 16, 32, 64 over the input, anchors
 row-major at the cells' centres; each side's distance is the softmax expectation of its distribution times the
 stride; the 1000 best anchors per level are kept; then per class the boxes scoring above 0.5 (rapid_layout's
 conf_thresh) go through hard NMS at IoU 0.5 (its 200 best candidates, at most 100 kept) and are clipped to the input.
@@ -74,21 +74,25 @@ def _hard_nms(boxes: np.ndarray, scores: np.ndarray) -> np.ndarray:
 
 
 def picodet_boxes(outputs: list[np.ndarray], input_hw: tuple[int, int]) -> tuple[Region, ...]:
-    """Return a PicoDet's regions as (class, score, x0, y0, x1, y1) in the input's pixels, by class then score:
-    outputs are its 4 levels' score arrays then their 4 box-distribution arrays (the model's output order)."""
+    """Return a PicoDet's regions as (class, score, x0, y0, x1, y1) in the input's pixels, by class then score.
+    Outputs pair up by their anchor count (a level: most anchors at stride 8), the first of a pair its class scores,
+    the second its box distributions: rapid_layout's order (all scores, then all boxes) or interleaved alike."""
     height, width = input_hw
-    if len(outputs) != 2 * len(STRIDES):
-        raise EvaluationError(f"picodet_boxes: the model has {len(outputs)} outputs; a PicoDet has {2 * len(STRIDES)}"
-                              f" (class scores at strides {', '.join(map(str, STRIDES))}, then box distributions)")
+    arrays = [np.asarray(o, dtype=np.float64) for o in outputs]
+    anchors = [a.size // a.shape[-1] if a.ndim and a.shape[-1] else 0 for a in arrays]
+    counts = sorted(set(anchors), reverse=True)
+    if len(counts) != len(STRIDES) or any(anchors.count(n) != 2 for n in counts):
+        raise EvaluationError(f"picodet_boxes: the model's {len(arrays)} outputs hold {anchors} anchors; a PicoDet has "
+                              f"{2 * len(STRIDES)}, a class-score and a box-distribution output per stride "
+                              f"({', '.join(map(str, STRIDES))})")
     levels = []
-    for stride, score, box in zip(STRIDES, outputs[:len(STRIDES)], outputs[len(STRIDES):]):
+    for stride, count in zip(STRIDES, counts):
+        score, box = (a.reshape(count, a.shape[-1]) for a, n in zip(arrays, anchors) if n == count)
         rows, cols = math.ceil(height / stride), math.ceil(width / stride)
-        score = np.asarray(score, dtype=np.float64).reshape(-1, np.shape(score)[-1])
-        box = np.asarray(box, dtype=np.float64)
-        if len(score) != rows * cols or box.size != rows * cols * box.shape[-1] or box.shape[-1] % 4:
+        if count != rows * cols or box.shape[-1] % 4:
             raise EvaluationError(f"picodet_boxes: at stride {stride} an input of {height}x{width} has {rows * cols} "
-                                  f"anchors, but the outputs hold scores {list(np.shape(score))} and boxes "
-                                  f"{list(box.shape)} (expected ({rows * cols}, classes) and ({rows * cols}, 4 x bins))")
+                                  f"anchors, but the outputs hold scores {list(score.shape)} and boxes "
+                                  f"{list(box.shape)} (expected ({rows * cols}, classes), ({rows * cols}, 4 x bins))")
         bins = box.shape[-1] // 4
         distance = (_softmax(box.reshape(-1, bins)) @ np.arange(bins)).reshape(-1, 4) * stride
         y, x = np.divmod(np.arange(rows * cols), cols)

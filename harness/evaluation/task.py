@@ -5,8 +5,9 @@ Intervals (harness.stats): for a metric that is a share of samples (top1, top5, 
 Wilson's, the drop's Newcombe's paired difference (it does not collapse to [0, 0] when no sample changed) and
 the ratio's follows from the drop's (ratio = 1 - drop / float's value); for the others (cer, f1, map50, a user's) a
 percentile bootstrap over samples (map50's matched once, each resample pooling their matches), paired (float and
-quantized resampled together), given the metric's whole range below stats.MIN_BOOTSTRAP_SAMPLES samples. A bootstrap collapses to a point when no sample's score changed
-(12 unchanged samples would "prove" a ratio of exactly 1) or all changed alike, so a built-in's intervals are at
+quantized resampled together), given the metric's whole range below stats.MIN_BOOTSTRAP_SAMPLES samples. A
+bootstrap collapses to a point when no sample's score changed (12 unchanged samples would "prove" a ratio of exactly
+1) or all changed alike, so a built-in's intervals are at
 least its floor (TaskEvaluation._floor): a share of up to stats.resolvable_drop(n) of the samples (Wilson's bound
 for 0 of n) moved further to the metric's worst or best value, method stats.FLOORED where the floor widened it;
 Newcombe's interval gives a share metric the same at least.
