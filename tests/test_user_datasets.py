@@ -103,6 +103,25 @@ def test_dbnet_reads_icdar_gt_files_and_a_coco_json_alike(tmp_path):
     assert icdar_value >= 0.75, icdar_value  # as on the corpus's .npy pages (hmean 0.81)
 
 
+def test_layout_detector_reads_a_csv_of_page_images_with_regions_scaled_to_its_input(tmp_path):
+    from PIL import Image
+
+    rng, rows = np.random.default_rng(3), ["file,label"]
+    for k in range(4):  # pages drawn at the input's 608x800, saved at 1.5 times that: the labels are scaled back
+        page, regions = corpus_data.render_layout_page(rng, 608, 800)
+        save_png(tmp_path / "pages" / f"page{k}.png", np.asarray(Image.fromarray(page).resize((912, 1200))))
+        rows.append(f"page{k}.png," + ";".join(f"{c} {x0 * 1.5:g} {y0 * 1.5:g} {x1 * 1.5:g} {y1 * 1.5:g}"
+                                              for c, x0, y0, x1, y1 in regions))
+        if k == 0:
+            first = regions[0]
+    (tmp_path / "labels.csv").write_text("\n".join(rows) + "\n")
+    evaluation = {"data": "pages", "labels": "labels.csv", "postprocess": "picodet_boxes", "metric": "map50",
+                  "image": {"channels": "bgr", **IMAGENET}}
+    value, labels = task_value(write_spec(tmp_path, "layout_cdla", {"image": [1, 3, 800, 608]}, evaluation), tmp_path)
+    assert [float(v) for v in labels[0].split(";")[0].split()] == pytest.approx(first)
+    assert value >= 0.6, value  # as on the corpus's .npy pages (mAP@0.5 0.82)
+
+
 def test_recognizer_reads_a_csv_of_text_line_images(tmp_path):
     rng, words = np.random.default_rng(5), [w for w in corpus_data._words() if w.isalnum()]
     rows = ["file,label"]

@@ -17,11 +17,13 @@ from harness.errors import EvaluationError
 from harness.evaluation.detection import parse_boxes
 from harness.evaluation.images import IMAGE_SUFFIXES, is_image, load_image
 from harness.evaluation.layouts import LabelRow, label_rows
+from harness.evaluation.regions import parse_regions
 from harness.evaluation.spec import Evaluation
 from harness.evaluation.task import TaskEvaluation
 
 SAMPLE_SUFFIXES = (".npy", ".npz", *IMAGE_SUFFIXES)
 BOX_METRICS = ("hmean",)  # metrics whose labels are boxes in the sample's pixels
+REGION_METRICS = ("map50",)  # ... and classed regions (class x0 y0 x1 y1)
 
 
 def _sample_files(data: Path) -> list[str]:
@@ -56,6 +58,13 @@ def _scaled_boxes(label: str, scale_xy: tuple[float, float]) -> str:
                     for box in parse_boxes(label))
 
 
+def _scaled_regions(label: str, scale_xy: tuple[float, float]) -> str:
+    """A regions label (class x0 y0 x1 y1) moved from the image's pixels to the input's."""
+    sx, sy = scale_xy
+    return ";".join(f"{int(c)} {x0 * sx:g} {y0 * sy:g} {x1 * sx:g} {y1 * sy:g}"
+                    for c, x0, y0, x1, y1 in parse_regions(label))
+
+
 def labelled_samples(evaluation: Evaluation, infos: list[InputInfo]) -> tuple[list[Feed], list[str], TaskEvaluation]:
     """Return the evaluation's samples in its labels' order, their labels (text) and the task evaluation; raises
     EvaluationError naming the file and line of a label that names no sample or does not parse, or the sample
@@ -69,7 +78,8 @@ def labelled_samples(evaluation: Evaluation, infos: list[InputInfo]) -> tuple[li
                               f"in {evaluation.labels}: {shown}")
     if not rows:
         raise EvaluationError(f"evaluation data {evaluation.data}: no labelled samples (layout {evaluation.layout})")
-    task = TaskEvaluation.of(evaluation, tuple(r.file for r in rows))
+    task = TaskEvaluation.of(evaluation, tuple(r.file for r in rows),
+                             tuple(infos[0].shape) if infos else None)
     feeds: list[Feed] = []
     labels: list[str] = []
     metrics = (task.metric, *task.reported)
@@ -88,6 +98,8 @@ def labelled_samples(evaluation: Evaluation, infos: list[InputInfo]) -> tuple[li
                                       f"(metric {metric.name})") from None
         if scale_xy != (1.0, 1.0) and any(m.name in BOX_METRICS for m in metrics):
             label = _scaled_boxes(label, scale_xy)
+        if scale_xy != (1.0, 1.0) and any(m.name in REGION_METRICS for m in metrics):
+            label = _scaled_regions(label, scale_xy)
         feeds.append(feed)
         labels.append(label)
     return feeds, labels, task

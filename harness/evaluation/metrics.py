@@ -7,7 +7,9 @@ rapidfuzz, the sum over samples divided by the reference characters, as PaddleOC
 2·TP / (2·TP + FP + FN) over samples (class 0 negative, any other class positive) or over frames,
 detection_rate TP / (TP + FN) (a wake word's positives found) and false_accepts FP / (FP + TN) (its negatives
 accepted; lower is better) alike; hmean the
-same over text boxes matched at IoU 0.5 (harness.evaluation.detection). A user's
+same over text boxes matched at IoU 0.5 (harness.evaluation.detection). map50 (COCO's mAP at IoU 0.5 over layout
+regions, harness.evaluation.regions) is no ratio of sums: each sample's detections are matched once (`match`) and a
+resample's value pools its samples' matches (`pool`). A user's
 `module.py:function` takes (predictions, labels as text) and returns the value, or one value per sample (their
 mean).
 
@@ -24,6 +26,7 @@ import numpy as np
 
 from harness.errors import EvaluationError
 from harness.evaluation.detection import hmean_parts, parse_boxes
+from harness.evaluation.regions import map50, match_regions, parse_regions
 from harness.evaluation.spec import Evaluation
 from harness.user_code import load_function
 
@@ -99,6 +102,8 @@ class Metric:
     expects: str  # what a label must be, for errors
     parts: Callable[[Any, Any], tuple[float, float]] | None = None  # built-ins: one sample's (numerator, denominator)
     function: Callable[[list, list], Any] | None = None  # a user's metric over all samples
+    match: Callable[[Any, Any], Any] | None = None  # pooled built-ins (map50): one sample's matches, computed once
+    pool: Callable[[list], float] | None = None  # ... and the metric of a list of samples' matches
     share: bool = False  # each sample scores 1 or 0 of 1 (intervals: Wilson, Newcombe)
     empty: float = 0.0  # the value when the denominators sum to 0 (f1, hmean: 1 with nothing to find, none found)
     complement_ratio: bool = False  # ratio of 1 - value (cer: character accuracy)
@@ -106,6 +111,10 @@ class Metric:
     def table(self, predictions: list, labels: list) -> np.ndarray:
         """Return the (samples, 2) per-sample parts of a built-in metric."""
         return np.array([self.parts(p, y) for p, y in zip(predictions, labels)], dtype=np.float64).reshape(-1, 2)
+
+    def matches(self, predictions: list, labels: list) -> list:
+        """Return each sample's matches of a pooled built-in (map50)."""
+        return [self.match(p, y) for p, y in zip(predictions, labels)]
 
     def of_parts(self, rows: np.ndarray) -> float:
         """Return the metric of samples whose parts are rows."""
@@ -120,6 +129,8 @@ class Metric:
         """Return the metric over the samples."""
         if self.parts is not None:
             return self.of_parts(self.table(predictions, labels))
+        if self.pool is not None:
+            return self.pool(self.matches(predictions, labels))
         returned = self.function(list(predictions), list(labels))
         values = np.asarray(returned, dtype=np.float64)
         return float(values.mean()) if values.ndim else float(values)
@@ -153,6 +164,8 @@ BUILTIN: dict[str, Metric] = {
     "word_accuracy": Metric("word_accuracy", True, str, "a text line", _exact, share=True),
     "hmean": Metric("hmean", True, parse_boxes, "boxes of 8 numbers x1 y1 ... x4 y4, separated by ';'", hmean_parts,
                     empty=1.0),
+    "map50": Metric("map50", True, parse_regions, "regions of 5 numbers class x0 y0 x1 y1, separated by ';'",
+                    match=match_regions, pool=map50),
 }
 
 

@@ -3,8 +3,9 @@
 Built-ins: `argmax` (the classes by descending score, the first the arg-max: what top-1, top-5 and F1 read),
 `ctc_greedy` (CTC greedy decoding with a charset file: the best class per step, repeats collapsed, the blank
 dropped, as PaddleOCR's CTCLabelDecode), `frames` (each element of a probability output at or above 0.5 is a
-positive frame), `db_boxes` (a DBNet probability map's text boxes, harness.evaluation.detection). A user's `module.py:function` gets the sample's outputs {name: array} and returns anything its
-metric reads.
+positive frame), `db_boxes` (a DBNet probability map's text boxes, harness.evaluation.detection), `picodet_boxes`
+(a PicoDet layout detector's classed, scored region boxes from all its outputs, harness.evaluation.regions). A user's
+`module.py:function` gets the sample's outputs {name: array} and returns anything its metric reads.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 
 from harness.errors import EvaluationError
 from harness.evaluation.detection import db_boxes
+from harness.evaluation.regions import picodet_boxes
 from harness.evaluation.spec import Evaluation
 from harness.user_code import load_function
 
@@ -70,10 +72,22 @@ class CtcGreedy:
 Postprocess = Callable[[dict[str, np.ndarray]], Any]
 
 
-def postprocessor(evaluation: Evaluation) -> Postprocess:
-    """Return the function that turns one sample's outputs {name: array} into its prediction."""
-    if evaluation.postprocess not in ("argmax", "ctc_greedy", "frames", "db_boxes"):
+def _height_width(shape: tuple[int, ...]) -> tuple[int, int]:
+    """An image input's (height, width): NCHW, or NHWC when its last dimension is the 3 channels."""
+    return (int(shape[1]), int(shape[2])) if len(shape) == 4 and shape[3] == 3 else (int(shape[-2]), int(shape[-1]))
+
+
+def postprocessor(evaluation: Evaluation, input_shape: tuple[int, ...] | None = None) -> Postprocess:
+    """Return the function that turns one sample's outputs {name: array} into its prediction (input_shape: the
+    model's image input, which picodet_boxes lays its anchors over)."""
+    if evaluation.postprocess not in ("argmax", "ctc_greedy", "frames", "db_boxes", "picodet_boxes"):
         return load_function(evaluation.postprocess, "evaluation.postprocess")
+    if evaluation.postprocess == "picodet_boxes":
+        if input_shape is None or len(input_shape) < 2:
+            raise EvaluationError(f"{evaluation.where}: evaluation.postprocess picodet_boxes needs the model's image "
+                                  f"input shape (got {input_shape})")
+        height_width = _height_width(tuple(input_shape))
+        return lambda outputs: picodet_boxes(list(outputs.values()), height_width)
     decode: Callable[[np.ndarray, str], Any]
     if evaluation.postprocess == "ctc_greedy":
         decode = CtcGreedy(tuple(read_charset(evaluation.charset)), evaluation.charset)

@@ -14,10 +14,11 @@ from harness.errors import ConfigError
 from harness.user_code import is_reference, load_function, spec_relative
 
 # What each built-in post-processing yields, and what each built-in metric scores
-POSTPROCESS_YIELDS = {"argmax": "classes", "ctc_greedy": "text", "frames": "frames", "db_boxes": "boxes"}
+POSTPROCESS_YIELDS = {"argmax": "classes", "ctc_greedy": "text", "frames": "frames", "db_boxes": "boxes",
+                      "picodet_boxes": "regions"}
 METRIC_TAKES = {"top1": ("classes",), "top5": ("classes",), "cer": ("text",), "word_accuracy": ("text",),
                 "f1": ("classes", "frames"), "detection_rate": ("classes", "frames"),
-                "false_accepts": ("classes", "frames"), "hmean": ("boxes",)}
+                "false_accepts": ("classes", "frames"), "hmean": ("boxes",), "map50": ("regions",)}
 DEFAULT_MIN_RATIO = 0.98  # MLPerf Mobile's classification target: 98 % of FP32, when the section sets no limit
 # What each layout's labels are, and the metrics that read them (a user's module.py:function reads anything)
 LAYOUTS = ("csv", "class_folders", "icdar", "coco")
@@ -48,9 +49,10 @@ class EvaluationSection(BaseModel):
 
     data: str = Field(description="folder of samples: .npy (single-input models), .npz keyed by input name, or "
                                   "images (with `image:`); class_folders: a folder per class")
-    labels: str | None = Field(None, description="csv: a CSV file,label (a class index, a text line, or boxes of 8 "
-                                                 "numbers separated by ';'); icdar: a folder of gt_<image>.txt; "
-                                                 "coco: a COCO JSON; class_folders: none")
+    labels: str | None = Field(None, description="csv: a CSV file,label (a class index, a text line, boxes of 8 "
+                                                 "numbers or regions of 5 (class x0 y0 x1 y1) separated by ';'); "
+                                                 "icdar: a folder of gt_<image>.txt; coco: a COCO JSON; "
+                                                 "class_folders: none")
     layout: Literal["csv", "class_folders", "icdar", "coco"] | None = Field(
         None, description="how labels are given (default: coco for a .json, icdar for a folder, class_folders "
                           "without labels, else csv)")
@@ -58,12 +60,13 @@ class EvaluationSection(BaseModel):
                                                         "model's classes (default: integer names are the class, "
                                                         "else sorted names, as torchvision's ImageFolder)")
     image: ImageSection | None = Field(None, description="how image files become the input (needed for images)")
-    postprocess: str = Field("argmax", description="argmax | ctc_greedy | frames | db_boxes | module.py:function")
+    postprocess: str = Field("argmax", description="argmax | ctc_greedy | frames | db_boxes | picodet_boxes | "
+                                                  "module.py:function")
     charset: str | None = Field(None, description="ctc_greedy: the character list, one per line (CTC blank "
                                                   "first; a space last when the output is one class wider)")
     output: str | None = Field(None, description="the model output post-processed (default: the first)")
     metric: str = Field(description="top1 | top5 | cer | word_accuracy | f1 | detection_rate | false_accepts | "
-                                    "hmean | module.py:function")
+                                    "hmean | map50 | module.py:function")
     report: list[str] = Field(default_factory=list, description="further built-in metrics reported beside it "
                                                                   "(on the same predictions), not judged")
     higher_is_better: bool | None = Field(None, description="a metric given as module.py:function: its direction")

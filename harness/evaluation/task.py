@@ -3,10 +3,11 @@ outputs of the same labelled samples, with the ratio to float (the KPI) and the 
 
 Intervals (harness.stats): for a metric that is a share of samples (top1, top5, word_accuracy) the metric's is
 Wilson's, the drop's Newcombe's paired difference (it does not collapse to [0, 0] when no sample changed) and
-the ratio's follows from the drop's (ratio = 1 - drop / float's value); for the others (cer, f1, a user's) a
-percentile bootstrap over samples, paired (float and quantized resampled together), given the metric's whole
-range below stats.MIN_BOOTSTRAP_SAMPLES samples. A bootstrap collapses to a point when no sample's score changed
-(12 unchanged samples would "prove" a ratio of exactly 1) or all changed alike, so a built-in's intervals are at
+the ratio's follows from the drop's (ratio = 1 - drop / float's value); for the others (cer, f1, map50, a user's) a
+percentile bootstrap over samples (map50's matched once, each resample pooling their matches), paired (float and
+quantized resampled together), given the metric's whole range below stats.MIN_BOOTSTRAP_SAMPLES samples. A
+bootstrap collapses to a point when no sample's score changed (12 unchanged samples would "prove" a ratio of exactly
+1) or all changed alike, so a built-in's intervals are at
 least its floor (TaskEvaluation._floor): a share of up to stats.resolvable_drop(n) of the samples (Wilson's bound
 for 0 of n) moved further to the metric's worst or best value, method stats.FLOORED where the floor widened it;
 Newcombe's interval gives a share metric the same at least.
@@ -41,9 +42,10 @@ class TaskEvaluation:
     reported: tuple[Metric, ...] = ()  # the section's `report:` metrics, shown beside the KPI's
 
     @classmethod
-    def of(cls, evaluation: Evaluation, samples: tuple[str, ...] = ()) -> "TaskEvaluation":
-        """Return the evaluation with its post-processing and metric loaded."""
-        return cls(evaluation, metric_for(evaluation), postprocessor(evaluation), samples,
+    def of(cls, evaluation: Evaluation, samples: tuple[str, ...] = (),
+           input_shape: tuple[int, ...] | None = None) -> "TaskEvaluation":
+        """Return the evaluation with its post-processing (for the model's first input's shape) and metric loaded."""
+        return cls(evaluation, metric_for(evaluation), postprocessor(evaluation, input_shape), samples,
                    tuple(metric_for(evaluation, name) for name in evaluation.report))
 
     @property
@@ -143,11 +145,21 @@ class TaskEvaluation:
             def interval(of: Callable[[float, float], float], bounds: tuple[float, float] | None) -> Interval:
                 return stats.bootstrap_of_sums(rows, lambda t: of(metric.of_totals(t[:2]), metric.of_totals(t[2:])),
                                                bounds=bounds)
-        else:
+        else:  # a pooled built-in (map50) pools its samples' matches, made once; a user's metric recomputes
+            pooled = metric.pool is not None
+            q_in, f_in = ((metric.matches(quantized, truth), metric.matches(floating, truth)) if pooled
+                          else (quantized, floating))
+            seen: dict[bytes, tuple[float, float]] = {}  # the three intervals draw the same resamples
+
             def values(idx: np.ndarray) -> tuple[float, float]:
-                pick = [int(i) for i in idx]
-                return (metric.value([quantized[i] for i in pick], [truth[i] for i in pick]),
-                        metric.value([floating[i] for i in pick], [truth[i] for i in pick]))
+                key = idx.tobytes()
+                if key not in seen:
+                    pick = [int(i) for i in idx]
+                    seen[key] = ((metric.pool([q_in[i] for i in pick]), metric.pool([f_in[i] for i in pick]))
+                                 if pooled else
+                                 (metric.value([q_in[i] for i in pick], [truth[i] for i in pick]),
+                                  metric.value([f_in[i] for i in pick], [truth[i] for i in pick])))
+                return seen[key]
 
             def interval(of: Callable[[float, float], float], bounds: tuple[float, float] | None) -> Interval:
                 return stats.bootstrap(lambda idx: of(*values(idx)), n, bounds=bounds)
@@ -166,5 +178,5 @@ class TaskEvaluation:
                                                 else None)}
         if not builtin or n < stats.MIN_BOOTSTRAP_SAMPLES:  # a user's range is unknown; too few: the whole range
             return booted
-        floor = self._floor(metric.of_parts(rows[:, :2]), f, n)
+        floor = self._floor(self._score(quantized, truth), f, n)
         return {kpi: stats.hull(booted[kpi], floor[kpi]) for kpi in booted}
