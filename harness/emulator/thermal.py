@@ -234,6 +234,7 @@ class ThermalModel:
         self._pending_busy_s += max(0.0, busy_s)
         dt = now - self._t
         if dt < MIN_INTERVAL_S:  # too short to say how busy the NPU was: its work waits for the next interval
+            self._update_throttle()  # the throttle still follows the temperature as it stands
             return
         report_s = busy_s if largest_report_s is None else largest_report_s
         self._backlog_limit_s = max(BUSY_BACKLOG_MIN_S, report_s, self._backlog_limit_s - dt)
