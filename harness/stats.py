@@ -47,14 +47,15 @@ def bootstrap(statistic: Callable[[np.ndarray], float], n: int, confidence: floa
     95 %); Hesterberg's expansion (2015, "What teachers should know about the bootstrap", The American
     Statistician 69:371) takes the quantiles at Phi(-sqrt(n/(n-1)) t_(1-alpha/2, n-1)) instead of alpha/2, which
     is the plain interval for large n and the resamples' whole range for n = 2. One sample has no spread to
-    resample: its interval is the value itself (a limit is then judged on the value alone). Below
-    MIN_BOOTSTRAP_SAMPLES even the expanded interval covers far less than it claims (about half the time on 2
-    samples), so a statistic with known bounds (cosine: [-1, 1]) gets those: nothing is resolved yet."""
-    if bounds is not None and 1 < n < MIN_BOOTSTRAP_SAMPLES:
-        return Interval(float(bounds[0]), float(bounds[1]), n, "bootstrap", confidence)
-    if n <= 1:
-        value = float(statistic(np.arange(n))) if n == 1 else math.nan
-        return Interval(value, value, n, "bootstrap", confidence)
+    resample and below MIN_BOOTSTRAP_SAMPLES even the expanded interval covers far less than it claims (about
+    half the time on 2 samples), so on 1 to MIN_BOOTSTRAP_SAMPLES - 1 samples the interval is the statistic's
+    whole range: its bounds (cosine: [-1, 1]) or, unbounded (SQNR in dB, perplexity), the whole real line: no
+    limit is resolved yet, and unresolved() says how many samples would. No sample: [nan, nan] (not evaluated)."""
+    if n <= 0:
+        return Interval(math.nan, math.nan, 0, "bootstrap", confidence)
+    if n < MIN_BOOTSTRAP_SAMPLES:
+        low, high = bounds if bounds is not None else (-math.inf, math.inf)
+        return Interval(float(low), float(high), n, "bootstrap", confidence)
     values = np.array([statistic(idx) for idx in _resamples(n, resamples, seed)], dtype=np.float64)
     return _percentile_interval(values, n, confidence)
 
@@ -66,7 +67,7 @@ def bootstrap_of_sums(rows: np.ndarray, statistic: Callable[[np.ndarray], float]
     as metrics.sample_sums): the same resamples, each resample's totals taken in one matrix product instead of a
     gather and a sum per resample (a sweep or a mixed-precision search takes dozens of these intervals)."""
     n = len(rows)
-    if (bounds is not None and 1 < n < MIN_BOOTSTRAP_SAMPLES) or n <= 1:
+    if n < MIN_BOOTSTRAP_SAMPLES:
         return bootstrap(lambda idx: statistic(rows[idx].sum(axis=0)), n, confidence, resamples, seed, bounds)
     indices = _resamples(n, resamples, seed)
     counts = np.bincount((indices + n * np.arange(resamples)[:, None]).ravel(), minlength=resamples * n)
@@ -82,7 +83,9 @@ def _resamples(n: int, resamples: int, seed: int) -> np.ndarray:
 
 def _percentile_interval(values: np.ndarray, n: int, confidence: float) -> Interval:
     """Return the expanded percentile interval of resampled statistic values (non-finite ones left out)."""
-    values = values[np.isfinite(values)] if np.isfinite(values).any() else values
+    if not np.isfinite(values).any():  # every resample infinite (SQNR of outputs equal to the reference): that value
+        return Interval(float(np.min(values)), float(np.max(values)), n, "bootstrap", confidence)
+    values = values[np.isfinite(values)]
     alpha = _expanded_alpha(n, confidence)
     return Interval(float(np.quantile(values, alpha)), float(np.quantile(values, 1 - alpha)), n, "bootstrap",
                     confidence)
@@ -167,9 +170,11 @@ def samples_needed(interval: Interval, value: float, bound: float, cap: int = 10
     exclude bound when the KPI stays at value; None when value sits on the bound (no sample count resolves it)."""
     half = (interval.high - interval.low) / 2
     gap = abs(value - bound)
-    if interval.samples <= 0 or half <= 0:
+    if interval.samples <= 0 or half <= 0 or gap <= 1e-12:
         return None
-    if gap <= 1e-12:
+    if not math.isfinite(half):  # too few samples to have a spread yet (bootstrap): the least that have one
+        return max(MIN_BOOTSTRAP_SAMPLES, interval.samples + 1)
+    if not math.isfinite(value):
         return None
     needed = math.ceil(interval.samples * (half / gap) ** 2)
     return min(max(needed, interval.samples + 1), cap)

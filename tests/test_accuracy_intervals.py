@@ -3,6 +3,8 @@ verdicts they give on the real HTP simulator (a limit fails only when the interv
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from scipy.stats import binomtest
@@ -12,7 +14,8 @@ from harness.data import Dataset
 from harness.kpi import Interval, Limit, check_all
 from harness.models import Thresholds, resolve_model
 from harness.pipeline import Onboarding, Target
-from harness.steps.ptq import accuracy_intervals, resolution, resolution_note
+from harness.steps.inference import accuracy_limits
+from harness.steps.ptq import accuracy_intervals, best_case, resolution_note, resolvable_drop
 from harness.steps.report import StepReport
 
 
@@ -96,7 +99,8 @@ def test_bootstrap_of_sums_is_the_bootstrap_of_the_resamples_totals(n):
 
 def test_bootstrap_on_few_samples_is_not_overconfident():
     # a percentile bootstrap covers a mean about half the time on 2 samples and 73 % on 3; the expanded interval
-    # is near its nominal 95 % from 5 samples on, and a bounded statistic on fewer samples resolves nothing
+    # is near its nominal 95 % from 5 samples on, and on fewer samples (one included) a statistic resolves nothing:
+    # its bounds, or the whole real line for an unbounded one (SQNR, perplexity)
     rng = np.random.default_rng(3)
     covered = 0
     for trial in range(200):
@@ -108,7 +112,11 @@ def test_bootstrap_on_few_samples_is_not_overconfident():
     assert stats.bootstrap(lambda idx: float(two[idx].mean()), 2, bounds=(-1.0, 1.0)) == stats.Interval(
         -1.0, 1.0, 2, "bootstrap", 0.95)
     wide = stats.bootstrap(lambda idx: float(two[idx].mean()), 2)
-    assert wide.low == 0.97 and wide.high == 0.99
+    assert (wide.low, wide.high) == (-math.inf, math.inf)
+    one = stats.bootstrap(lambda idx: float(two[idx].mean()), 1, bounds=(0.0, 1.0))
+    assert (one.low, one.high) == (0.0, 1.0)
+    assert Limit("sqnr_db", minimum=10.0).check(40.0, wide).inconclusive
+    assert stats.samples_needed(wide, 40.0, 10.0) == stats.MIN_BOOTSTRAP_SAMPLES
 
 
 def test_limits_fail_only_beyond_the_interval_and_say_how_many_samples_would_decide():
@@ -141,11 +149,17 @@ def test_accuracy_intervals_of_labelled_and_unlabelled_outputs():
     assert got["sqnr_db"]["method"] == "bootstrap" and got["sqnr_db"]["low"] > 10
     labelled = Dataset([], [{}] * 40, labels=labels)
     assert accuracy_intervals(noisy, reference, labelled)["task_metric_drop"]["method"] == "newcombe"
-    assert resolution(labelled, reference) < resolution(unlabelled, reference) == pytest.approx(
-        stats.resolvable_drop(40))
-    note = resolution_note(40, resolution(unlabelled, reference), Thresholds(), inference_s=0.25)
-    assert "40 evaluation samples can resolve a task-metric drop of at best 0.0876" in note and "189 samples" in note
-    assert resolution_note(360, resolution(labelled, reference) / 10, Thresholds()) is None
+    # the least drop these samples resolve: the drop's upper bound for a model identical to float
+    assert (resolvable_drop(best_case(labelled, reference)) == pytest.approx(stats.resolvable_drop(40))
+            == resolvable_drop(best_case(unlabelled, reference)))
+    limits = accuracy_limits(Thresholds())
+    note = resolution_note(best_case(unlabelled, reference), limits, inference_s=0.25)
+    assert "40 samples cannot resolve a drop of 0.02 (task_metric_drop 0, 95% interval [0, 0.08762])" in note
+    assert "about 189 are needed" in note and "189 samples are about 47 s of device time" in note
+    assert resolution_note(best_case(Dataset([], [{}] * 360), reference * 9), limits) is None
+    # on fewer samples than a bootstrap can resolve, an unbounded KPI (SQNR) is undecided even for float itself
+    few = resolution_note(best_case(Dataset([], [{}] * 3), reference[:3]), limits)
+    assert "3 samples cannot resolve sqnr_db >= " in few and "[-inf, inf]" in few and "about 5 are needed" in few
 
 
 # ------------------------------------------------------------------------------ verdicts on the HTP simulator

@@ -16,7 +16,7 @@ from harness import stats
 from harness.cache import ArtifactCache, content_key
 from harness.data import Dataset, Feed, feeds_digest
 from harness.errors import StepError
-from harness.kpi import INTERVALS_KEY, Interval
+from harness.kpi import INTERVALS_KEY, Interval, Limit
 from harness.metrics import cosine_from_sums, cosine_similarity, mean_abs_error, sample_sums, sqnr_db, sqnr_from_sums
 from harness.models import Thresholds
 from harness.quantization.overrides import recipe_overrides
@@ -200,39 +200,32 @@ def accuracy_intervals(outputs: list[Feed], reference: list[Feed], dataset: Data
     return {"task_metric": metric.as_dict(), "task_metric_drop": drop.as_dict(), **intervals}
 
 
-def resolution(dataset: Dataset, reference: list[Feed]) -> float | None:
-    """Return the smallest task-metric drop the evaluation samples can resolve: the upper bound of the drop's
-    interval were the quantized model to match float on every sample (None when the metric is the cosine or the
-    evaluation section's)."""
-    if dataset.task is not None:
-        return None
-    name, outcomes = task_outcomes(reference, dataset, reference)
-    if outcomes is None:
-        return None
-    if name == "top1_accuracy":
-        return stats.difference_of_proportions(outcomes, outcomes).high
-    return stats.resolvable_drop(len(outcomes))
-
-
 def best_case(dataset: Dataset, reference: list[Feed]) -> dict:
     """Return the KPIs, with their intervals, of a quantized model whose outputs equal float's on every sample:
     the best evidence these samples can give (a limit it leaves undecided, no candidate can decide)."""
     return compare_quantized(reference, reference, dataset, task_metric(reference, dataset, reference))
 
 
-def resolution_note(samples: int, resolvable: float | None, thresholds: Thresholds,
-                    inference_s: float | None = None) -> str | None:
-    """Return the note that `samples` evaluation samples cannot resolve the task-metric drop limit even with no
-    sample changed (None when they can, or the metric is the cosine), with the count that would."""
-    limit = thresholds.max_task_metric_drop
-    if resolvable is None or limit is None or resolvable <= limit:
+def resolvable_drop(best: dict) -> float | None:
+    """Return the smallest task-metric drop the evaluation samples can resolve: the upper bound of the drop's
+    interval for a model identical to float (best: best_case's KPIs), or None without one."""
+    interval = (best.get(INTERVALS_KEY) or {}).get("task_metric_drop")
+    return None if interval is None else float(interval["high"])
+
+
+def resolution_note(best: dict, limits: list[Limit], inference_s: float | None = None) -> str | None:
+    """Return the note that the evaluation samples leave a limit undecided even for a model identical to float
+    (best: best_case's KPIs), with about how many samples would decide it and their device time per pass at
+    inference_s; None when the samples can decide every limit."""
+    best = {**best, INTERVALS_KEY: dict(best.get(INTERVALS_KEY) or {})}
+    sentences = stats.unresolved(best, limits)
+    if not sentences:
         return None
-    needed = stats.proportion_needed(0.0, limit)
-    cost = (f", about {needed * inference_s:.0f} s of device time per pass at {inference_s:.3g} s per inference"
-            if needed is not None and inference_s else "")
-    return (f"{samples} evaluation samples can resolve a task-metric drop of at best {resolvable:.3g} (with no "
-            f"sample changed), above the limit {limit:g}: a drop within the limit shows as inconclusive; "
-            f"{needed or 'more'} samples would resolve it{cost}")
+    needed = max((i.get("needed") or 0 for i in best[INTERVALS_KEY].values()), default=0)
+    cost = (f"; {needed} samples are about {needed * inference_s:.0f} s of device time per pass at "
+            f"{inference_s:.3g} s per inference" if needed and inference_s else "")
+    return ("even a model identical to float on every evaluation sample would leave a limit undecided (a result "
+            "within it shows as inconclusive): " + "; ".join(sentences) + cost)
 
 
 def judge(report: StepReport) -> StepReport:
@@ -263,10 +256,10 @@ def ptq(qdq_model: Path, recipe: QuantRecipe, dataset: Dataset, reference: list[
         host_outputs = host_run.result() if host_run is not None else None
     report = StepReport("ptq")
     float_metric = task_metric(reference, dataset, reference)
-    resolvable = resolution(dataset, reference)
+    best = best_case(dataset, reference)
     report.kpis = {"runtime": "htp", "recipe": recipe.name, "samples": len(run.outputs),
                    **compare_quantized(run.outputs, reference, dataset, float_metric),
-                   "resolvable_drop": resolvable,
+                   "resolvable_drop": resolvable_drop(best),
                    "latency_source": run.latency_source,
                    "mean_inference_ms": 1000 * float(np.mean(run.inference_s)) if run.inference_s else None,
                    "htp_nodes": sum(p.on_htp for p in run.placement)}
@@ -277,7 +270,7 @@ def ptq(qdq_model: Path, recipe: QuantRecipe, dataset: Dataset, reference: list[
                             "host_qdq_task_metric_ratio": host["task_metric_ratio"],
                             "host_qdq_cosine_similarity": cosine_similarity(stacked(reference),
                                                                             stacked(host_outputs, reference))})
-    if (note := resolution_note(len(run.outputs), resolvable, thresholds, inference_s)) is not None:
+    if (note := resolution_note(best, report.limits, inference_s)) is not None:
         report.notes.append(note)
     report.notes.extend(dataset.warnings)
     if (degenerate := reference_warning(reference)) is not None:

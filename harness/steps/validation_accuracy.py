@@ -9,7 +9,7 @@ from harness.models import Thresholds
 from harness.runner.client import DeviceRunner
 from harness.steps.context_binary import ContextBinary
 from harness.steps.inference import accuracy_limits, task_metric
-from harness.steps.ptq import compare_quantized, interval_rows, judge, resolution, resolution_note
+from harness.steps.ptq import best_case, compare_quantized, interval_rows, judge, resolution_note, resolvable_drop
 from harness.steps.report import StepReport
 
 
@@ -25,9 +25,10 @@ def validation_accuracy(ctx: ContextBinary, dataset: Dataset, reference: list[Fe
                    **compare_quantized(run.outputs, reference, dataset, task_metric(reference, dataset, reference)),
                    "executed_on": run.latency_source}
     report.kpis.pop("diagnosis", None)
-    report.kpis["resolvable_drop"] = resolution(dataset, reference)
+    best = best_case(dataset, reference)
+    report.kpis["resolvable_drop"] = resolvable_drop(best)
     report.limits = accuracy_limits(thresholds, sqnr=False)
-    if (note := resolution_note(len(run.outputs), report.kpis["resolvable_drop"], thresholds, inference_s)):
+    if (note := resolution_note(best, report.limits, inference_s)):
         report.notes.append(note)
     report.notes.extend(dataset.warnings)
     report.notes.extend(run.notes)
