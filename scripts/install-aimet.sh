@@ -13,27 +13,14 @@
 # `import aimet_onnx` works, and fails otherwise.
 set -euo pipefail
 PYTHON="${PYTHON:-python3}"
-TORCH_CPU_INDEX="${TORCH_CPU_INDEX-https://download.pytorch.org/whl/cpu}"
 AIMET_VERSION=2.42.0 TORCH_VERSION=2.13.0 TORCHVISION_VERSION=0.28.0
 pip() { "$PYTHON" -m pip "$@"; }
 
 if "$PYTHON" -c "import aimet_onnx, torch, sys; sys.exit(not (aimet_onnx.__version__ == '$AIMET_VERSION' and torch.version.cuda is None))" 2>/dev/null; then
   echo "aimet-onnx $AIMET_VERSION (CPU torch) is already installed in $PYTHON"
 else
-  index=()
-  if [ -n "$TORCH_CPU_INDEX" ] && "$PYTHON" - "$TORCH_CPU_INDEX" <<'PY'
-import sys, urllib.request
-try:
-    urllib.request.urlopen(sys.argv[1].rstrip("/") + "/torch/", timeout=10).close()
-except Exception as e:
-    print(f"install-aimet: {sys.argv[1]} cannot be reached ({e}); using pip's configured indexes", file=sys.stderr)
-    sys.exit(1)
-PY
-  then
-    index=(--extra-index-url "$TORCH_CPU_INDEX")
-  fi
-  pip install -q "${index[@]}" "torch==$TORCH_VERSION"
-  pip install -q "${index[@]}" "aimet-onnx==$AIMET_VERSION" "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION"
+  source "$(dirname "$0")/install-cpu-torch.sh"  # sets TORCH_INDEX_ARGS
+  pip install -q "${TORCH_INDEX_ARGS[@]}" "aimet-onnx==$AIMET_VERSION" "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION"
   if ! "$PYTHON" -c "import torchvision" >/dev/null 2>&1; then
     pip uninstall -q -y torchvision  # a CUDA build beside a CPU torch; nothing AIMET's ONNX path uses
   fi

@@ -16,6 +16,8 @@ if [ ${#need[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
 fi
+# torch first, a CPU build: the llm-reference extra's torch>=2.4 would otherwise take PyPI's CUDA build
+source scripts/install-cpu-torch.sh
 python3 -m pip install -q -e '.[test,llm-reference]'
 if command -v npm >/dev/null 2>&1; then
   npm ci --prefix tools/allure --no-audit --no-fund --loglevel=error >/dev/null
