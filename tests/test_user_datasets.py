@@ -122,6 +122,40 @@ def test_layout_detector_reads_a_csv_of_page_images_with_regions_scaled_to_its_i
     assert value >= 0.6, value  # as on the corpus's .npy pages (mAP@0.5 0.82)
 
 
+def test_layout_detector_reads_a_coco_json_with_its_categories_as_the_corpus_labels(tmp_path):
+    from harness.evaluation.spec import ImageSection
+
+    # the corpus's first pages of layout_cdla's labelled set (layout_regions), as a user's PNG pages and COCO JSON
+    request = corpus_data.DataRequest("layout_cdla", {"image": (1, 3, 800, 608)}, 6, {})
+    corpus_set, rng = corpus_data.layout_regions(request), request.rng()
+    ids = [3 * k + 2 for k in range(len(corpus_data.CDLA_CLASSES))]  # COCO-style ids, not the model's columns
+    images, annotations = [], []
+    for k in range(request.count):  # layout_regions' pages: the same generator, drawn in the same order
+        page, regions = corpus_data.render_layout_page(rng, 608, 800)
+        save_png(tmp_path / "pages" / f"page{k}.png", page)
+        images.append({"id": 10 + k, "file_name": f"page{k}.png", "width": 608, "height": 800})
+        annotations += [{"id": len(annotations) + 1, "image_id": 10 + k, "category_id": ids[c], "iscrowd": 0,
+                         "bbox": [x0, y0, x1 - x0, y1 - y0], "area": (x1 - x0) * (y1 - y0)}
+                        for c, x0, y0, x1, y1 in regions]
+    categories = [{"id": ids[c], "name": name} for c, name in enumerate(corpus_data.CDLA_CLASSES)]
+    (tmp_path / "coco.json").write_text(json.dumps({"images": images, "annotations": annotations,
+                                                    "categories": categories[::-1]}))  # any order: sorted by id
+    image = {"channels": "bgr", **IMAGENET}  # the corpus's .npy pages: BGR, ImageNet-normalized
+    spec = resolve_model(str(write_spec(tmp_path, "layout_cdla", {"image": [1, 3, 800, 608]},
+                                        {"data": "pages", "labels": "coco.json", "postprocess": "picodet_boxes",
+                                         "metric": "map50", "image": image})), {}, None)
+    fixed = fix_input_shapes(onnx.load(str(spec.path)), spec.input_shapes, spec.name)
+    onnx.save(fixed, str(tmp_path / "fixed.onnx"))
+    feeds, labels, task = labelled_samples(spec.evaluation, input_infos(fixed))
+    assert labels == corpus_set.labels  # every region with its class, the categories sorted by id being 0..9
+    assert spec.evaluation.image == ImageSection(**image)
+    np.testing.assert_allclose(np.stack([f["image"] for f in feeds]), corpus_set.arrays["image"], atol=1e-5)
+    outputs = run_host(tmp_path / "fixed.onnx", feeds)
+    value = task.value(outputs, labels)
+    assert value == pytest.approx(task.value(outputs, corpus_set.labels), abs=1e-9)
+    assert value > 0.5, value  # as on the corpus's .npy pages (mAP@0.5 0.82)
+
+
 def test_recognizer_reads_a_csv_of_text_line_images(tmp_path):
     rng, words = np.random.default_rng(5), [w for w in corpus_data._words() if w.isalnum()]
     rows = ["file,label"]
@@ -222,6 +256,51 @@ def test_coco_entries_that_do_not_parse_or_match_an_image_are_named(tmp_path, do
         labelled_samples(evaluation_of(tmp_path, section), INFOS)
 
 
+REGIONS = {"data": "data", "labels": "coco.json", "postprocess": "picodet_boxes", "metric": "map50", "image": {}}
+PAGE = {"id": 1, "file_name": "p1.png"}
+
+
+def test_coco_categories_are_the_classes_sorted_by_id_or_by_name_in_classes(tmp_path):
+    pngs(tmp_path / "data", ["p1.png"])  # 16-pixel image on an 8-pixel input: regions halved
+    notes = [{"id": 5, "image_id": 1, "category_id": 7, "bbox": [0, 2, 4, 6]},
+             {"id": 6, "image_id": 1, "category_id": 3, "bbox": [8, 8, 2, 2]},
+             {"id": 7, "image_id": 1, "category_id": 9, "bbox": [0, 0, 16, 16], "iscrowd": 1}]  # crowd: left out
+    categories = [{"id": 7, "name": "figure"}, {"id": 3, "name": "text"}, {"id": 4, "name": "title"}]
+    (tmp_path / "coco.json").write_text(json.dumps({"images": [PAGE], "annotations": notes, "categories": categories}))
+    _, labels, _ = labelled_samples(evaluation_of(tmp_path, REGIONS), INFOS)
+    assert labels == ["2 0 1 2 4;0 4 4 5 5"]  # ids 3, 4, 7: classes 0, 1, 2
+    named = {**REGIONS, "classes": ["title", "figure", "text"]}
+    _, labels, _ = labelled_samples(evaluation_of(tmp_path, named), INFOS)
+    assert labels == ["1 0 1 2 4;2 4 4 5 5"]
+    _, labels, _ = labelled_samples(evaluation_of(tmp_path, {**REGIONS, "postprocess": "db_boxes",
+                                                             "metric": "hmean"}), INFOS)
+    assert labels == ["0 1 2 1 2 4 0 4;4 4 5 4 5 5 4 5"]  # hmean: class-less text boxes, as before
+
+
+@pytest.mark.parametrize("note, categories, classes, message", [
+    ({"id": 5, "image_id": 1, "category_id": 2, "bbox": [0, 0, 1, 1]}, [{"id": 1, "name": "text"}], None,
+     r"annotations\[0\] \(id 5\): category_id 2 is not a category of the file \(expected one of the ids of its "
+     r"'categories': 1\)"),
+    ({"id": 6, "image_id": 1, "bbox": [0, 0, 1, 1]}, [{"id": 1, "name": "text"}], None,
+     r"annotations\[0\] \(id 6\): no category_id \(a region metric reads each annotation's class"),
+    ({"id": 7, "image_id": 1, "category_id": 2, "bbox": [0, 0, 1, 1]},
+     [{"id": 1, "name": "text"}, {"id": 2, "name": "stamp"}], ["text", "title"],
+     r"annotations\[0\] \(id 7\): category_id 2 \('stamp'\) is not among evaluation.classes \(expected a "
+     r"category named text, title\)"),
+    ({"id": 8, "image_id": 1, "category_id": 1, "bbox": [0, 0, "wide", 1]}, [{"id": 1, "name": "text"}], None,
+     r"annotations\[0\] \(id 8\): expected bbox \[x, y, width, height\]"),
+    ({"id": 9, "image_id": 1, "category_id": 1, "bbox": [0, 0, 1, 1]}, [{"name": "text"}], None,
+     r"categories\[0\] needs an integer 'id' and a 'name'"),
+])
+def test_coco_regions_without_a_known_category_are_named(tmp_path, note, categories, classes, message):
+    pngs(tmp_path / "data", ["p1.png"])
+    (tmp_path / "coco.json").write_text(json.dumps({"images": [PAGE], "annotations": [note],
+                                                    "categories": categories}))
+    section = {**REGIONS, **({"classes": classes} if classes else {})}
+    with pytest.raises(EvaluationError, match=r"labels .*coco.json: " + message):
+        labelled_samples(evaluation_of(tmp_path, section), INFOS)
+
+
 def test_a_csv_image_that_is_not_an_image_or_an_input_that_is_not_one_is_named(tmp_path):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "a.png").write_bytes(b"not a png")
@@ -246,10 +325,15 @@ def test_a_csv_image_that_is_not_an_image_or_an_input_that_is_not_one_is_named(t
     ({"data": "data", "layout": "coco", "metric": "hmean", "postprocess": "db_boxes"},
      r"evaluation.labels is needed with layout coco"),
     ({"data": "data", "metric": "top1", "image": {"mean": [0.5]}}, r"evaluation.image.mean"),
+    ({"data": "data", "labels": "c.json", "metric": "hmean", "postprocess": "db_boxes", "classes": ["a"]},
+     r"evaluation.classes applies to layout class_folders, not coco read by hmean"),
+    ({"data": "data", "labels": "c.json", "metric": "top1"},
+     r"evaluation.metric top1 does not read boxes or classed regions, the labels of layout coco"),
 ])
 def test_a_layout_and_metric_that_do_not_fit_are_named_in_the_spec(tmp_path, section, message):
     (tmp_path / "data").mkdir()
     (tmp_path / "gt").mkdir()
     (tmp_path / "l.csv").write_text("a.npy,0\n")
+    (tmp_path / "c.json").write_text('{"images": []}')
     with pytest.raises(ConfigError, match=message):
         evaluation_of(tmp_path, section)

@@ -10,7 +10,10 @@ data folder), its label as the metrics read it (harness.evaluation.metrics) and 
   text too blurred to read, kept as a box here (a detector that finds it is right; one that does not misses it).
 - coco: a COCO JSON (images with file_name, annotations with image_id and bbox [x, y, width, height], or a
   polygon segmentation of 4 points, which is used as the box); every image listed is a sample, with or without
-  annotations; crowd annotations are left out, as COCO's evaluation ignores them.
+  annotations; crowd annotations are left out, as COCO's evaluation ignores them. Read by a text detector's
+  metric (hmean) an annotation is a box of 8 numbers; read by a region metric (map50) it keeps its class, its
+  category_id's: by default the categories sorted by id are the model's classes 0..K-1 (what a detector trained on
+  the JSON outputs), or `classes:` names them in the model's order; its box is the corners' extent.
 
 Every error names the file and line (for JSON, the entry: `annotations[3]`, and its id) and what was expected.
 """
@@ -23,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import EvaluationError
-from harness.evaluation.spec import Evaluation
+from harness.evaluation.spec import METRIC_TAKES, Evaluation
 
 HEADER = ["file", "label"]
 SKIPPED_FILES = ("description.txt",)  # what a data folder may hold besides its samples (harness.data)
@@ -129,10 +132,11 @@ def icdar_rows(labels: Path, images: list[str]) -> list[LabelRow]:
     return rows
 
 
-def coco_rows(path: Path) -> list[LabelRow]:
-    """Return a row per image of a COCO JSON with its annotations' boxes; raises EvaluationError naming the file and
-    line of invalid JSON, or the entry (and its id) of an image or annotation that does not parse or names no
-    image."""
+def coco_rows(path: Path, regions: bool = False, classes: tuple[str, ...] | None = None) -> list[LabelRow]:
+    """Return a row per image of a COCO JSON with its annotations' boxes, or with `regions` their classed regions
+    (class x0 y0 x1 y1; the class from category_id, coco_classes); raises EvaluationError naming the file and
+    line of invalid JSON, or the entry (and its id) of an image or annotation that does not parse, names no image
+    or (regions) no category the mapping knows."""
     try:
         document = json.loads(_read_text(path))
     except json.JSONDecodeError as e:
@@ -149,6 +153,8 @@ def coco_rows(path: Path) -> list[LabelRow]:
         if image_id in files:
             raise EvaluationError(f"labels {path}: images[{k}] repeats id {image_id!r}")
         files[image_id] = name
+    names = coco_categories(document, path) if regions else {}
+    index = coco_classes(names, classes)
     boxes: dict[int, list[list[float]]] = {image_id: [] for image_id in files}
     for k, note in enumerate(document.get("annotations") or []):
         where = f"labels {path}: annotations[{k}] (id {note.get('id') if isinstance(note, dict) else '?'})"
@@ -158,12 +164,62 @@ def coco_rows(path: Path) -> list[LabelRow]:
         if note.get("iscrowd"):
             continue
         try:
-            boxes[note["image_id"]].append(_coco_box(note))
+            box = _coco_box(note)
         except (KeyError, TypeError, ValueError):
             raise EvaluationError(f"{where}: expected bbox [x, y, width, height] (width and height > 0) or a "
                                   f"segmentation polygon of 4 points, got bbox {note.get('bbox')!r}") from None
+        if regions:
+            box = [_coco_class(note, names, index, classes, where), min(box[0::2]), min(box[1::2]), max(box[0::2]),
+                   max(box[1::2])]
+        boxes[note["image_id"]].append(box)
     return [LabelRow(name, _boxes_text(boxes[image_id]), f"labels {path}: image id {image_id!r} ({name})")
             for image_id, name in files.items()]
+
+
+def coco_categories(document: dict, path: Path) -> dict[int, str]:
+    """Return the name of each category id of a COCO JSON; raises EvaluationError naming a category entry without
+    an integer id and a name, or one repeating an id."""
+    names: dict[int, str] = {}
+    for k, category in enumerate(document.get("categories") or []):
+        try:
+            category_id, name = category["id"], str(category["name"])
+        except (KeyError, TypeError):
+            category_id = name = None
+        if not isinstance(category_id, int) or isinstance(category_id, bool):
+            raise EvaluationError(f"labels {path}: categories[{k}] needs an integer 'id' and a 'name', got "
+                                  f"{category!r}")
+        if category_id in names:
+            raise EvaluationError(f"labels {path}: categories[{k}] repeats id {category_id}")
+        names[category_id] = name
+    return names
+
+
+def coco_classes(names: dict[int, str], classes: tuple[str, ...] | None) -> dict[int, int]:
+    """Return the model's class index of each category id: its position among the categories sorted by id, or with
+    `classes` its name's position there (a category not named there is left out)."""
+    if classes is None:
+        return {category_id: k for k, category_id in enumerate(sorted(names))}
+    return {category_id: classes.index(name) for category_id, name in names.items() if name in classes}
+
+
+def _coco_class(note: dict, names: dict[int, str], index: dict[int, int], classes: tuple[str, ...] | None,
+                where: str) -> int:
+    """An annotation's class: index[category_id] (coco_classes); raises EvaluationError at `where` naming what was
+    expected of an annotation without category_id, or with one that is not a category of the file or not the
+    index's (a name missing from evaluation.classes)."""
+    if "category_id" not in note:
+        raise EvaluationError(f"{where}: no category_id (a region metric reads each annotation's class: expected "
+                              f"the id of one of the file's categories)")
+    category = note["category_id"]
+    known = isinstance(category, int) and not isinstance(category, bool) and category in names
+    if known and category in index:
+        return index[category]
+    if known:
+        raise EvaluationError(f"{where}: category_id {category} ('{names[category]}') is not among "
+                              f"evaluation.classes (expected a category named {', '.join(classes or ())})")
+    ids = ", ".join(str(c) for c in sorted(names)) or "none"
+    raise EvaluationError(f"{where}: category_id {category!r} is not a category of the file (expected one of the "
+                          f"ids of its 'categories': {ids})")
 
 
 def _coco_box(note: dict) -> list[float]:
@@ -177,6 +233,11 @@ def _coco_box(note: dict) -> list[float]:
     return [x, y, x + w, y, x + w, y + h, x, y + h]
 
 
+def reads_regions(evaluation: Evaluation) -> bool:
+    """True when the evaluation's metric or a reported one reads classed regions (map50)."""
+    return any(METRIC_TAKES.get(name) == ("regions",) for name in (evaluation.metric, *evaluation.report))
+
+
 def label_rows(evaluation: Evaluation, samples: list[str]) -> list[LabelRow]:
     """Return the labelled samples of an evaluation in its layout; `samples` are the sample files of its data
     folder (relative, POSIX), read by icdar (one gt file per image)."""
@@ -185,5 +246,5 @@ def label_rows(evaluation: Evaluation, samples: list[str]) -> list[LabelRow]:
     if evaluation.layout == "icdar":
         return icdar_rows(evaluation.labels, samples)
     if evaluation.layout == "coco":
-        return coco_rows(evaluation.labels)
+        return coco_rows(evaluation.labels, reads_regions(evaluation), evaluation.classes)
     return csv_rows(evaluation.labels)

@@ -23,7 +23,7 @@ DEFAULT_MIN_RATIO = 0.98  # MLPerf Mobile's classification target: 98 % of FP32,
 # What each layout's labels are, and the metrics that read them (a user's module.py:function reads anything)
 LAYOUTS = ("csv", "class_folders", "icdar", "coco")
 LAYOUT_LABELS = {"class_folders": ("class indices", ("top1", "top5", "f1", "detection_rate", "false_accepts")),
-                 "icdar": ("text boxes", ("hmean",)), "coco": ("boxes", ("hmean",))}
+                 "icdar": ("text boxes", ("hmean",)), "coco": ("boxes or classed regions", ("hmean", "map50"))}
 
 
 class ImageSection(BaseModel):
@@ -58,7 +58,9 @@ class EvaluationSection(BaseModel):
                           "without labels, else csv)")
     classes: list[str] | None = Field(None, description="class_folders: the folder names in the order of the "
                                                         "model's classes (default: integer names are the class, "
-                                                        "else sorted names, as torchvision's ImageFolder)")
+                                                        "else sorted names, as torchvision's ImageFolder); coco "
+                                                        "read by map50: the categories' names in that order "
+                                                        "(default: the categories sorted by id)")
     image: ImageSection | None = Field(None, description="how image files become the input (needed for images)")
     postprocess: str = Field("argmax", description="argmax | ctc_greedy | frames | db_boxes | picodet_boxes | "
                                                   "module.py:function")
@@ -103,7 +105,8 @@ class Evaluation:
 def resolve_evaluation(section: EvaluationSection, spec: Path) -> Evaluation:
     """Return the section with its paths resolved against the spec's folder; raises ConfigError naming the spec
     file and key for a missing file, an unknown post-processing or metric, a pair that does not fit (cer after
-    argmax), ctc_greedy without a charset, or a user function that cannot be loaded."""
+    argmax), ctc_greedy without a charset, classes a layout does not read, a COCO JSON read both as boxes and as
+    regions, or a user function that cannot be loaded."""
     base = spec.parent
 
     def existing(key: str, value: str, folder: bool) -> Path:
@@ -129,10 +132,17 @@ def resolve_evaluation(section: EvaluationSection, spec: Path) -> Evaluation:
                  else "csv: file,label; icdar: a folder of gt_<image>.txt; coco: a JSON")
         raise ConfigError(f"model spec {spec}: evaluation.labels is {'needed' if section.labels is None else 'not read'}"
                           f" with layout {layout} ({given})")
-    if section.classes is not None and layout != "class_folders":
-        raise ConfigError(f"model spec {spec}: evaluation.classes applies to layout class_folders, not {layout}")
     postprocess = function("postprocess", section.postprocess, POSTPROCESS_YIELDS)
     metric = function("metric", section.metric, METRIC_TAKES)
+    regions = [m for m in (metric, *section.report) if METRIC_TAKES.get(m) == ("regions",)]
+    if section.classes is not None and layout != "class_folders" and not (layout == "coco" and regions):
+        raise ConfigError(f"model spec {spec}: evaluation.classes applies to layout class_folders, not {layout}"
+                          f"{f' read by {metric}' if layout == 'coco' else ''} (and to a COCO JSON's category names "
+                          f"when map50 reads it)")
+    boxes = [m for m in (metric, *section.report) if METRIC_TAKES.get(m) == ("boxes",)]
+    if layout == "coco" and regions and boxes:
+        raise ConfigError(f"model spec {spec}: evaluation reads the COCO JSON as text boxes ({', '.join(boxes)}) "
+                          f"and as classed regions ({', '.join(regions)}): name metrics of one kind")
     unknown = [m for m in section.report if m not in METRIC_TAKES]
     if unknown:
         raise ConfigError(f"model spec {spec}: evaluation.report names {', '.join(unknown)}: not a built-in metric "
