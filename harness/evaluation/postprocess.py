@@ -24,6 +24,7 @@ from harness.user_code import load_function
 
 TOP_CLASSES = 5  # argmax keeps this many classes, best first (top-5 reads them all)
 FRAME_THRESHOLD = 0.5
+BUILTIN_POSTPROCESS = ("argmax", "ctc_greedy", "frames", "db_boxes", "picodet_boxes")  # pure, immutable predictions
 
 
 def argmax(output: np.ndarray) -> tuple[int, ...]:
@@ -80,7 +81,7 @@ def _height_width(shape: tuple[int, ...]) -> tuple[int, int]:
 def postprocessor(evaluation: Evaluation, input_shape: tuple[int, ...] | None = None) -> Postprocess:
     """Return the function that turns one sample's outputs {name: array} into its prediction (input_shape: the
     model's image input, which picodet_boxes lays its anchors over)."""
-    if evaluation.postprocess not in ("argmax", "ctc_greedy", "frames", "db_boxes", "picodet_boxes"):
+    if evaluation.postprocess not in BUILTIN_POSTPROCESS:
         return load_function(evaluation.postprocess, "evaluation.postprocess")
     if evaluation.postprocess == "picodet_boxes":
         if input_shape is None or len(input_shape) < 2:

@@ -16,7 +16,9 @@ Newcombe's interval gives a share metric the same at least.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -24,11 +26,48 @@ import numpy as np
 from harness import stats
 from harness.errors import EvaluationError, HarnessError
 from harness.evaluation.metrics import Metric, metric_for
-from harness.evaluation.postprocess import Postprocess, postprocessor
+from harness.evaluation.postprocess import BUILTIN_POSTPROCESS, Postprocess, postprocessor
 from harness.evaluation.spec import Evaluation
 from harness.kpi import Interval
 
 Outputs = list[dict[str, np.ndarray]]
+PREDICTIONS_KEPT = 2  # outputs lists whose predictions are kept: the float reference's and the last compared
+
+
+class _Predictions:
+    """The predictions of the last PREDICTIONS_KEPT outputs lists (least recently used dropped first): the float
+    reference is compared against once per candidate, and PTQ compares it with the HTP's and the host's outputs.
+    An entry serves only the very same list holding the very same arrays (identity, not content: no hashing)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[int, tuple[Outputs, list, list]] = OrderedDict()
+
+    @staticmethod
+    def _held(outputs: Outputs) -> list:
+        return [tuple(output.items()) for output in outputs]
+
+    def get(self, outputs: Outputs) -> list | None:
+        """Return the kept predictions of outputs (None when not kept, or its arrays changed since)."""
+        with self._lock:
+            entry = self._entries.get(id(outputs))
+            if entry is None or entry[0] is not outputs:
+                return None
+            held = self._held(outputs)
+            if len(held) != len(entry[1]) or any(
+                    len(a) != len(b) or any(ka != kb or va is not vb for (ka, va), (kb, vb) in zip(a, b))
+                    for a, b in zip(held, entry[1])):
+                return None
+            self._entries.move_to_end(id(outputs))
+            return entry[2]
+
+    def put(self, outputs: Outputs, predictions: list) -> None:
+        """Keep the predictions of outputs (the list and its arrays are held while kept)."""
+        with self._lock:
+            self._entries[id(outputs)] = (outputs, self._held(outputs), predictions)
+            self._entries.move_to_end(id(outputs))
+            while len(self._entries) > PREDICTIONS_KEPT:
+                self._entries.popitem(last=False)
 
 
 @dataclass(frozen=True)
@@ -40,6 +79,7 @@ class TaskEvaluation:
     postprocess: Postprocess
     samples: tuple[str, ...] = ()  # the file of each evaluation sample, in order
     reported: tuple[Metric, ...] = ()  # the section's `report:` metrics, shown beside the KPI's
+    _kept: _Predictions = field(default_factory=_Predictions, compare=False, repr=False)
 
     @classmethod
     def of(cls, evaluation: Evaluation, samples: tuple[str, ...] = (),
@@ -61,7 +101,12 @@ class TaskEvaluation:
         return self.samples[k] if k < len(self.samples) else f"#{k}"
 
     def predictions(self, outputs: Outputs) -> list:
-        """Return each sample's prediction; raises EvaluationError naming the post-processing and the sample."""
+        """Return each sample's prediction; raises EvaluationError naming the post-processing and the sample.
+        A built-in post-processing's (a pure function of the arrays, its predictions immutable) are kept for
+        the same outputs list (see _Predictions); a user's runs on every call."""
+        builtin = self.evaluation.postprocess in BUILTIN_POSTPROCESS
+        if builtin and (kept := self._kept.get(outputs)) is not None:
+            return list(kept)
         found = []
         for k, output in enumerate(outputs):
             try:
@@ -71,6 +116,8 @@ class TaskEvaluation:
             except Exception as e:  # a user's post-processing raises what it raises
                 raise EvaluationError(f"{self.evaluation.where}: evaluation.postprocess {self.evaluation.postprocess} "
                                       f"raised on sample {self._sample(k)}: {type(e).__name__}: {e}") from None
+        if builtin:
+            self._kept.put(outputs, list(found))
         return found
 
     def parsed(self, labels) -> list:
@@ -83,8 +130,15 @@ class TaskEvaluation:
         return [metric.parse(str(y)) for y in labels]
 
     def _score(self, predictions: list, labels: list) -> float:
+        return self._guarded(self.metric.value, predictions, labels)
+
+    def _table(self, predictions: list, labels: list) -> np.ndarray:
+        """A built-in metric's per-sample parts (Metric.table), its errors as _score's."""
+        return self._guarded(self.metric.table, predictions, labels)
+
+    def _guarded(self, function: Callable, predictions: list, labels: list):
         try:
-            return self.metric.value(predictions, labels)
+            return function(predictions, labels)
         except HarnessError:
             raise
         except Exception as e:
@@ -101,9 +155,14 @@ class TaskEvaluation:
         truth = self.parsed(labels)
         quantized, floating = self.predictions(outputs), self.predictions(reference)
         metric = self.metric
-        q, f = self._score(quantized, truth), self._score(floating, truth)
+        if metric.parts is not None:  # a built-in's parts, once per side: the values and the intervals read them
+            tables = (self._table(quantized, truth), self._table(floating, truth))
+            q, f = metric.of_parts(tables[0]), metric.of_parts(tables[1])
+        else:
+            tables = None
+            q, f = self._score(quantized, truth), self._score(floating, truth)
         ratio = metric.ratio(q, f)
-        intervals = self._intervals(quantized, floating, truth, f)
+        intervals = self._intervals(quantized, floating, truth, q, f, tables)
         reported = {m.name: {"value": m.value(quantized, self.parsed_by(m, labels)),
                              "float": m.value(floating, self.parsed_by(m, labels))} for m in self.reported}
         return {"task_metric_name": metric.name, "task_metric": q, "float_task_metric": f,
@@ -130,17 +189,19 @@ class TaskEvaluation:
         return {"task_metric": interval(*values), "task_metric_drop": interval(*drops),
                 "task_metric_ratio": interval(*ratios)}
 
-    def _intervals(self, quantized: list, floating: list, truth: list, f: float) -> dict[str, Interval]:
+    def _intervals(self, quantized: list, floating: list, truth: list, q: float, f: float,
+                   tables: tuple[np.ndarray, np.ndarray] | None) -> dict[str, Interval]:
+        """Return the intervals of the metric, its drop and its ratio (see the module); q and f are the metric's
+        values, tables a built-in's per-sample parts of the quantized and float predictions (Metric.table)."""
         metric, n = self.metric, len(truth)
         if metric.share:
-            q_ok = metric.table(quantized, truth)[:, 0] > 0
-            f_ok = metric.table(floating, truth)[:, 0] > 0
+            q_ok, f_ok = tables[0][:, 0] > 0, tables[1][:, 0] > 0
             drop = stats.difference_of_proportions(f_ok, q_ok)
             ratio = (Interval(1 - drop.high / f, 1 - drop.low / f, n, drop.method) if f > 0 else None)
             return {"task_metric": stats.wilson(int(q_ok.sum()), n), "task_metric_drop": drop,
                     **({"task_metric_ratio": ratio} if ratio is not None else {})}
         if metric.parts is not None:  # a built-in: each resample's metric from its parts' totals (one matrix product)
-            rows = np.hstack([metric.table(quantized, truth), metric.table(floating, truth)])
+            rows = np.hstack(tables)
 
             def interval(of: Callable[[float, float], float], bounds: tuple[float, float] | None) -> Interval:
                 return stats.bootstrap_of_sums(rows, lambda t: of(metric.of_totals(t[:2]), metric.of_totals(t[2:])),
@@ -178,5 +239,5 @@ class TaskEvaluation:
                                                 else None)}
         if not builtin or n < stats.MIN_BOOTSTRAP_SAMPLES:  # a user's range is unknown; too few: the whole range
             return booted
-        floor = self._floor(self._score(quantized, truth), f, n)
+        floor = self._floor(q, f, n)
         return {kpi: stats.hull(booted[kpi], floor[kpi]) for kpi in booted}
