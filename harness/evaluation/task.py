@@ -16,9 +16,7 @@ Newcombe's interval gives a share metric the same at least.
 from __future__ import annotations
 
 import math
-import threading
-from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -26,48 +24,11 @@ import numpy as np
 from harness import stats
 from harness.errors import EvaluationError, HarnessError
 from harness.evaluation.metrics import Metric, metric_for
-from harness.evaluation.postprocess import BUILTIN_POSTPROCESS, Postprocess, postprocessor
+from harness.evaluation.postprocess import Postprocess, postprocessor
 from harness.evaluation.spec import Evaluation
 from harness.kpi import Interval
 
 Outputs = list[dict[str, np.ndarray]]
-PREDICTIONS_KEPT = 2  # outputs lists whose predictions are kept: the float reference's and the last compared
-
-
-class _Predictions:
-    """The predictions of the last PREDICTIONS_KEPT outputs lists (least recently used dropped first): the float
-    reference is compared against once per candidate, and PTQ compares it with the HTP's and the host's outputs.
-    An entry serves only the very same list holding the very same arrays (identity, not content: no hashing)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._entries: OrderedDict[int, tuple[Outputs, list, list]] = OrderedDict()
-
-    @staticmethod
-    def _held(outputs: Outputs) -> list:
-        return [tuple(output.items()) for output in outputs]
-
-    def get(self, outputs: Outputs) -> list | None:
-        """Return the kept predictions of outputs (None when not kept, or its arrays changed since)."""
-        with self._lock:
-            entry = self._entries.get(id(outputs))
-            if entry is None or entry[0] is not outputs:
-                return None
-            held = self._held(outputs)
-            if len(held) != len(entry[1]) or any(
-                    len(a) != len(b) or any(ka != kb or va is not vb for (ka, va), (kb, vb) in zip(a, b))
-                    for a, b in zip(held, entry[1])):
-                return None
-            self._entries.move_to_end(id(outputs))
-            return entry[2]
-
-    def put(self, outputs: Outputs, predictions: list) -> None:
-        """Keep the predictions of outputs (the list and its arrays are held while kept)."""
-        with self._lock:
-            self._entries[id(outputs)] = (outputs, self._held(outputs), predictions)
-            self._entries.move_to_end(id(outputs))
-            while len(self._entries) > PREDICTIONS_KEPT:
-                self._entries.popitem(last=False)
 
 
 @dataclass(frozen=True)
@@ -79,7 +40,6 @@ class TaskEvaluation:
     postprocess: Postprocess
     samples: tuple[str, ...] = ()  # the file of each evaluation sample, in order
     reported: tuple[Metric, ...] = ()  # the section's `report:` metrics, shown beside the KPI's
-    _kept: _Predictions = field(default_factory=_Predictions, compare=False, repr=False)
 
     @classmethod
     def of(cls, evaluation: Evaluation, samples: tuple[str, ...] = (),
@@ -101,12 +61,7 @@ class TaskEvaluation:
         return self.samples[k] if k < len(self.samples) else f"#{k}"
 
     def predictions(self, outputs: Outputs) -> list:
-        """Return each sample's prediction; raises EvaluationError naming the post-processing and the sample.
-        A built-in post-processing's (a pure function of the arrays, its predictions immutable) are kept for
-        the same outputs list (see _Predictions); a user's runs on every call."""
-        builtin = self.evaluation.postprocess in BUILTIN_POSTPROCESS
-        if builtin and (kept := self._kept.get(outputs)) is not None:
-            return list(kept)
+        """Return each sample's prediction; raises EvaluationError naming the post-processing and the sample."""
         found = []
         for k, output in enumerate(outputs):
             try:
@@ -116,8 +71,6 @@ class TaskEvaluation:
             except Exception as e:  # a user's post-processing raises what it raises
                 raise EvaluationError(f"{self.evaluation.where}: evaluation.postprocess {self.evaluation.postprocess} "
                                       f"raised on sample {self._sample(k)}: {type(e).__name__}: {e}") from None
-        if builtin:
-            self._kept.put(outputs, list(found))
         return found
 
     def parsed(self, labels) -> list:
