@@ -52,7 +52,7 @@ def llm_files(spec: ModelSpec, cache: ArtifactCache) -> LlmFiles:
 
     from harness.zoo import tiny_gpt
 
-    entry = cache.entry(f"zoo/{spec.name}", f"seed{ZOO_SEED}-v1", build).path
+    entry = cache.entry(f"zoo/{spec.name}", f"seed{ZOO_SEED}-v2", build).path  # v2: 16 prompts
 
     return LlmFiles(prefill=entry / "prefill.onnx", decode=entry / "decode.onnx", tokenizer=entry / "tokenizer.json",
                     eval_text=entry / "heldout.txt", calib_text=entry / "train.txt",

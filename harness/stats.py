@@ -204,6 +204,16 @@ def hull(a: Interval, b: Interval) -> Interval:
     return Interval(low, high, a.samples, method, a.confidence)
 
 
+def floored(interval: Interval, value: float, worst: float, best: float) -> Interval:
+    """Return the hull of interval (a bootstrap of a mean of per-sample values in [worst, best]) and the least
+    interval its n samples allow around the observed mean `value`: up to resolvable_drop(n) of the samples (Wilson's
+    bound for 0 of n) moved to worst, or to best. A bootstrap collapses to a point when every sample agrees (8
+    prompts all at 1.0: [1, 1]), which n samples cannot show; method FLOORED when the floor widened it."""
+    share = resolvable_drop(interval.samples, interval.confidence)
+    ends = sorted((value + share * (worst - value), value + share * (best - value)))
+    return hull(interval, Interval(ends[0], ends[1], interval.samples, FLOORED, interval.confidence))
+
+
 def with_needed(interval: Interval, value: float, minimum: float | None, maximum: float | None) -> Interval:
     """Return interval with `needed` set for the bound it straddles (unchanged when it straddles none): exact
     for a Wilson interval (proportion_needed), else from its half-width shrinking as 1/sqrt(n)."""

@@ -26,7 +26,7 @@ from harness.runner.base import latency_source
 from harness.runner.client import DeviceRunner
 from harness.steps.context_binary import ContextBinary
 from harness.steps.report import StepReport
-from harness.stats import bootstrap, bootstrap_of_sums, unresolved
+from harness.stats import bootstrap, bootstrap_of_sums, floored, unresolved
 
 GRAPHS = ("prefill", "decode")
 
@@ -146,8 +146,8 @@ def llm_accuracy(float_pair: Pair, quantized: dict[str, Pair], shipped: str, win
     # tokens of one prompt are not independent (a prompt that leaves the float path early loses the rest): the
     # prompt is the sample, so the interval is a bootstrap over prompts of their agreeing share
     shares = np.array(agreements[shipped]["agreeing_tokens"], dtype=np.float64) / max_new
-    report.kpis[INTERVALS_KEY] = {"greedy_agreement": bootstrap(lambda idx: float(shares[idx].mean()), len(shares),
-                                                                bounds=(0.0, 1.0)).as_dict(),
+    agreement = bootstrap(lambda idx: float(shares[idx].mean()), len(shares), bounds=(0.0, 1.0))
+    report.kpis[INTERVALS_KEY] = {"greedy_agreement": floored(agreement, float(shares.mean()), 0.0, 1.0).as_dict(),
                                   **perplexity_intervals(float_nll, nlls[shipped])}
     report.limits = [Limit("perplexity_increase", maximum=thresholds.max_perplexity_increase),
                      Limit("host_htp_perplexity_gap", maximum=thresholds.max_host_htp_perplexity_gap),
