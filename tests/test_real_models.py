@@ -97,8 +97,8 @@ FINDS_LINES = Task("hmean", 0.6, min_ratio=0.95)
 # the float PicoDet finds the rendered pages' regions (COCO mAP at IoU 0.5 over the 8 CDLA classes drawn: 0.82 on the
 # corpus's 12 pages; paragraphs, tables and page numbers near 1, headers the weakest); MLPerf's detection target
 FINDS_REGIONS = Task("map50", 0.7, min_ratio=0.95)
-# the float hey_jarvis finds most windows ending at an espeak-ng "hey jarvis" (14 of 16 on the corpus's set) and
-# accepts none of the other phrases; MLPerf's detection target, 95 % of float
+# the float hey_jarvis finds most windows ending at an espeak-ng "hey jarvis" (14 of 16 on the corpus's set; hey_mycroft
+# 16 of 16 "hey my croft") and accepts none of the other phrases; MLPerf's detection target, 95 % of float
 HEARS_WAKE_WORD = Task("detection_rate", 0.75, ("false_accepts", "f1"), min_ratio=0.95)
 # the float silero_vad tells frames of espeak-ng phrases from frames of quiet noise (frame F1 0.93 on 32 frames)
 HEARS_SPEECH = Task("f1", 0.85, ("detection_rate", "false_accepts"))
@@ -141,7 +141,10 @@ EXPECT: dict[str, Expect] = {
     # windows ending in a spoken "hey jarvis", where the then-branch runs); on v68 it leaves the whole graph to the CPU
     "hey_jarvis": Expect(socs=("sm8650", "qcs6490"), fails_on={"qcs6490": {"feasibility": "If_32 (If)"}},
                          data_mentions=("spoken by espeak-ng",), task=HEARS_WAKE_WORD),
-    "hey_mycroft": Expect(),
+    # its calibration and labelled set have espeak-ng read "hey my croft" (it reads "mycroft" as MICK-roft, which the
+    # head rarely hears). Calibrated on synthetic audio alone, the 8-bit head heard none of the 16 (its output range
+    # stayed near 0; the loss starts at its last Gemm, alike on the HTP and in host QDQ emulation)
+    "hey_mycroft": Expect(data_mentions=("spoken by espeak-ng",), task=HEARS_WAKE_WORD),
     # the If on sr folds once sr is frozen. Calibrated on synthetic audio alone, its speech probability stayed below
     # 0.42, so the 8-bit output, clipped there, never said speech (frame F1 0 on the HTP and in host QDQ emulation
     # while cosine over all outputs was 0.99); with spoken phrases in calibration 8-bit PTQ keeps F1 (0.93 = float)
