@@ -209,9 +209,15 @@ def floored(interval: Interval, value: float, worst: float, best: float) -> Inte
     interval its n samples allow around the observed mean `value`: up to resolvable_drop(n) of the samples (Wilson's
     bound for 0 of n) moved to worst, or to best. A bootstrap collapses to a point when every sample agrees (8
     prompts all at 1.0: [1, 1]), which n samples cannot show; method FLOORED when the floor widened it."""
-    share = resolvable_drop(interval.samples, interval.confidence)
-    ends = sorted((value + share * (worst - value), value + share * (best - value)))
-    return hull(interval, Interval(ends[0], ends[1], interval.samples, FLOORED, interval.confidence))
+    low, high = sorted(floor_ends(value, interval.samples, worst, best, interval.confidence))
+    return hull(interval, Interval(low, high, interval.samples, FLOORED, interval.confidence))
+
+
+def floor_ends(value: float, n: int, worst: float, best: float, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """Return the values a mean of n per-sample values in [worst, best], observed at value, reaches when up to
+    resolvable_drop(n) of the samples move to worst, and to best: (towards worst, towards best)."""
+    share = resolvable_drop(n, confidence)
+    return value + share * (worst - value), value + share * (best - value)
 
 
 def with_needed(interval: Interval, value: float, minimum: float | None, maximum: float | None) -> Interval:

@@ -128,11 +128,9 @@ class TaskEvaluation:
         """Return the least intervals n samples allow a built-in metric observed at q (float's f): a share of up to
         stats.resolvable_drop(n) of the samples (Wilson's bound for 0 of n) further moved to the metric's worst, or
         its best, value; with no sample changed (q = f) this is all the evidence there is."""
-        metric, share = self.metric, stats.resolvable_drop(n)
-        worst = 0.0 if metric.higher_is_better else 1.0
-        observed = metric.drop(q, f)
-        drops = (observed + share * metric.drop(metric.best, q), observed + share * metric.drop(worst, q))
-        values = [f - d if metric.higher_is_better else f + d for d in drops]
+        metric = self.metric
+        values = stats.floor_ends(q, n, 0.0 if metric.higher_is_better else 1.0, metric.best)
+        drops = [metric.drop(v, f) for v in values]
         ratios = [metric.ratio(v, f) for v in values]
 
         def interval(a: float | None, b: float | None) -> Interval:
