@@ -7,7 +7,7 @@ import json
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar, Union
+from typing import TYPE_CHECKING, Literal, TypeVar, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -122,6 +122,8 @@ class _LlmSpec(BaseModel):
     max_new_tokens: int = Field(16, ge=1, description="tokens generated per prompt")
     stop_token: str | None = Field(None, description="the end-of-text token (stops generation)")
     eval_windows: int = Field(48, ge=1, description="held-out windows of AR tokens scored for perplexity")
+    kv_bits: Literal[8, 16] | None = Field(None, description="the KV cache's encoding width, 8 or 16 bits, in "
+                                                             "every recipe (default: the recipe's activations')")
 
 
 class _SpecFile(BaseModel):
@@ -156,6 +158,7 @@ class LlmFiles:
     context_length: int = 128
     prefill_ar: int = 32
     eval_windows: int = 48
+    kv_bits: int | None = None  # the KV cache's encoding width (None: the recipe's activations')
 
 
 @dataclass(frozen=True)
@@ -473,7 +476,8 @@ def _llm_spec(path: Path, spec: _SpecFile, calib_data: Path | None) -> ModelSpec
                      tokenizer=resolve("tokenizer", llm.tokenizer), eval_text=resolve("eval_text", llm.eval_text),
                      calib_text=resolve("calib_text", llm.calib_text), prompts=tuple(llm.prompts),
                      max_new_tokens=llm.max_new_tokens, stop_token=llm.stop_token, checkpoint=checkpoint,
-                     context_length=llm.context_length, prefill_ar=llm.prefill_ar, eval_windows=llm.eval_windows)
+                     context_length=llm.context_length, prefill_ar=llm.prefill_ar, eval_windows=llm.eval_windows,
+                     kv_bits=llm.kv_bits)
     return ModelSpec(name=spec.name or _name_from_path(checkpoint or files.prefill), source=str(path.resolve()),
                      path=None, calib_data=calib_data, thresholds=spec.thresholds, kind="llm", llm=files)
 

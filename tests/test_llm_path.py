@@ -110,6 +110,23 @@ def test_a_user_pair_from_a_kind_llm_spec_converts_places_and_compiles(run_suite
     assert steps["llm_context_binary"]["kpis"]["decode_context_bytes"] > 0
 
 
+def test_an_8_bit_kv_cache_halves_the_cache_and_keeps_the_htp_perplexity(run_suites, user_pair):
+    # llm.kv_bits: 8 encodes each layer's past keys and values (in and out, tied) at 8 bits in a w8a16 pair, as AI
+    # Hub's LLMs ship; feasibility reads the width from the shipped graph, not from the spec
+    _, wide = run_suites("--model", str(_spec(user_pair, "kv16", eval_windows=8)), "-k", "llm_feasibility or llm_accuracy")
+    _, narrow = run_suites("--model", str(_spec(user_pair, "kv8", eval_windows=8, kv_bits=8)), "-k",
+                           "llm_feasibility or llm_accuracy")
+    f16, f8 = wide["llm_feasibility"]["kpis"], narrow["llm_feasibility"]["kpis"]
+    assert (f16["kv_cache_bits"], f8["kv_cache_bits"]) == (16, 8)
+    assert f8["kv_cache_bytes"] * 2 == f16["kv_cache_bytes"] == 2 * 1 * 2 * 16 * 32 * 2  # K and V, 1 layer, 2 heads
+    a16, a8 = wide["llm_accuracy"]["kpis"], narrow["llm_accuracy"]["kpis"]
+    # perplexity windows start from an empty cache (the prefill graph masks every past slot): the same; generation
+    # reads the 8-bit cache the graphs wrote, token after token, on the HTP
+    assert a8["recipe"] == a16["recipe"] == "w8a16"
+    assert a8["perplexity_htp"] == pytest.approx(a16["perplexity_htp"], rel=0.02)
+    assert a8["greedy_agreement"] >= 0.75 and a8["min_agreeing_tokens"] >= 3
+
+
 def test_a_pair_out_of_genie_convention_names_the_tensor_and_layout(run_suites, user_pair):
     result, steps = run_suites("--model", str(_spec(user_pair, "swapped", decode="prefill.onnx")), "-k", "llm_conversion")
     result.assert_outcomes(failed=1)

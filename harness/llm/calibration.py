@@ -31,6 +31,28 @@ LLM_RECIPES = {
 }
 FOUR_BIT_WEIGHTS = {"w4a16"}
 DEFAULT_RECIPE = "w8a16"
+KV_TYPES = {8: "QUInt8", 16: "QUInt16"}  # the KV cache's encoding by its width (the spec's llm.kv_bits)
+
+
+def activation_bytes(recipe: str) -> int:
+    """Return the bytes of one activation element under recipe."""
+    return 2 if LLM_RECIPES[recipe].activation_type == "QUInt16" else 1
+
+
+def kv_bytes_of(quantized: Path) -> int:
+    """Return the bytes of one KV cache element in a quantized graph: the width of the encoding its first layer's
+    past keys are quantized with (what the graph ships, whatever the recipe asked); raises ModelError when the
+    graph quantizes no past_key_0_in."""
+    import onnx
+
+    from harness.errors import ModelError
+
+    model = onnx.load(str(quantized), load_external_data=False)
+    zero_points = {i.name: i.data_type for i in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "QuantizeLinear" and node.input[0] == convention.past_key_in(0) and len(node.input) > 2:
+            return 2 if zero_points.get(node.input[2]) in (onnx.TensorProto.UINT16, onnx.TensorProto.INT16) else 1
+    raise ModelError(f"{quantized}: no QuantizeLinear on {convention.past_key_in(0)}: the KV cache is not quantized")
 
 
 @dataclass
@@ -144,17 +166,24 @@ def linear_weight_overrides(float_model: Path, quant_type: str = "QInt4") -> dic
 
 
 def pair_recipe(name: str, calibration: PairCalibration, pair: convention.PairInfo,
-                float_model: Path, per_channel_weights: bool = False) -> QuantRecipe:
+                float_model: Path, per_channel_weights: bool = False, kv_bits: int | None = None) -> QuantRecipe:
     """Return the recipe `name` (w8a16, w8a8, w4a16) with the pair's shared encodings as tensor overrides
     (and, for 4-bit weights, the linear layers' weights of float_model, the same names in both graphs; with
     per_channel_weights, 8-bit ones per output channel too, as a published checkpoint needs: SmolLM2's w8a16
-    host perplexity was +27% over float with one scale per matrix, +3% with one per channel)."""
+    host perplexity was +27% over float with one scale per matrix, +3% with one per channel); with kv_bits, the
+    KV cache's tensors (each layer's past keys and values in and out) encoded at that width (AI Hub ships its
+    w4a16 LLMs with an 8-bit KV cache: half the cache's memory and bandwidth), label suffix `-kv8`/`-kv16`."""
     from dataclasses import replace
 
     base = LLM_RECIPES[name]
     overrides = shared_overrides(calibration, pair, base.activation_type)
+    label = f"llm-{name}"
+    if kv_bits is not None and KV_TYPES[kv_bits] != base.activation_type:
+        kv_type = shared_overrides(calibration, pair, KV_TYPES[kv_bits])
+        overrides.update({n: v for n, v in kv_type.items() if convention.KV_NAME.match(n)})
+        label += f"-kv{kv_bits}"
     if name in FOUR_BIT_WEIGHTS:
         overrides.update(linear_weight_overrides(float_model))
     elif per_channel_weights:
         overrides.update(linear_weight_overrides(float_model, "QInt8"))
-    return replace(base, tensor_overrides=overrides, label=f"llm-{name}")
+    return replace(base, tensor_overrides=overrides, label=label)

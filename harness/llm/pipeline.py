@@ -114,8 +114,9 @@ class LlmOnboarding(PipelineBase):
         key = f"llm_quantized_{recipe}"
         if key not in self._memo:
             cal, floats = self.llm_calibration(), self.llm_float_pair()
+            files = self.llm_files()
             quant = calibration.pair_recipe(recipe, cal, self.llm_pair(), floats.prefill,
-                                            per_channel_weights=self.llm_files().checkpoint is not None)
+                                            per_channel_weights=files.checkpoint is not None, kv_bits=files.kv_bits)
             self._memo[key] = Pair(*(ptq.quantize(floats.graph(g), cal.feeds(g), quant, self.cache) for g in GRAPHS))
         return self._memo[key]
 
@@ -155,8 +156,9 @@ class LlmOnboarding(PipelineBase):
                                                        self.target.model.thresholds, quantized_model=shipped.graph(g))
                       for g in GRAPHS}
         weights = feasibility.weights_bytes(onnx.load(str(shipped.prefill)))
-        act_bytes = 2 if calibration.LLM_RECIPES[self.llm_recipe].activation_type == "QUInt16" else 1
-        return steps.llm_feasibility(placements, self.llm_pair(), weights, act_bytes, self.target.soc,
+        return steps.llm_feasibility(placements, self.llm_pair(), weights,
+                                     calibration.activation_bytes(self.llm_recipe),
+                                     calibration.kv_bytes_of(shipped.decode), self.target.soc,
                                      self.target.model.thresholds, importer.trained_context(self.llm_files()))
 
     @memoized
@@ -208,9 +210,9 @@ class LlmOnboarding(PipelineBase):
         report = genie_steps.genie_runtime(self.runner, device, prompts, files.max_new_tokens, judge, reference,
                                            self.llm_tokenizer(), pair.context_length, self.target.model.thresholds,
                                            self._run_dir("genie_runtime"))
-        act_bytes = 2 if calibration.LLM_RECIPES[self.llm_recipe].activation_type == "QUInt16" else 1
-        report.kpis |= ceiling.decode_ceiling(self.llm_quantized(self.llm_recipe).decode,
-                                              steps.kv_cache_bytes(pair, act_bytes), self.target.soc,
+        shipped = self.llm_quantized(self.llm_recipe).decode
+        kv = steps.kv_cache_bytes(pair, calibration.kv_bytes_of(shipped))
+        report.kpis |= ceiling.decode_ceiling(shipped, kv, self.target.soc,
                                               report.kpis.get("tokens_per_s"))
         return report
 

@@ -49,19 +49,21 @@ def kv_cache_bytes(pair: convention.PairInfo, element_bytes: int) -> int:
 
 
 def llm_feasibility(placements: dict[str, StepReport], pair: convention.PairInfo, weights_bytes: int,
-                    element_bytes: int, soc: SocSpec, thresholds: Thresholds,
+                    element_bytes: int, kv_element_bytes: int, soc: SocSpec, thresholds: Thresholds,
                     trained_context: int | None = None) -> StepReport:
     """Return the LLM feasibility report from each graph's Step 1 placement report (harness.steps.feasibility),
-    with the weights, the KV cache and the largest activation (both at the activations' width) held to the spec's
-    memory budget and, as an estimate, to the SoC's (with the largest context that fits it)."""
+    with the weights, the KV cache (at kv_element_bytes) and the largest activation (at the activations' width,
+    element_bytes) held to the spec's memory budget and, as an estimate, to the SoC's (with the largest context
+    that fits it)."""
     report = StepReport("llm_feasibility")
-    kv = kv_cache_bytes(pair, element_bytes)
+    kv = kv_cache_bytes(pair, kv_element_bytes)
     # the float graphs' activations are float32: the largest at the shipped recipe's activation width
     act_name, act_bytes = max(((s.kpis.get("largest_activation", ""), s.kpis.get("largest_activation_bytes", 0))
                                for s in placements.values()), key=lambda a: a[1], default=("", 0))
     report.kpis = {"layers": pair.layers, "heads": pair.heads, "head_dim": pair.head_dim,
                    "context_length": pair.context_length, "prefill_ar": pair.prefill_ar, "vocab": pair.vocab,
-                   "kv_cache_bytes": kv, "weights_bytes": weights_bytes, "largest_activation": act_name}
+                   "kv_cache_bytes": kv, "kv_cache_bits": 8 * kv_element_bytes, "weights_bytes": weights_bytes,
+                   "largest_activation": act_name}
     report.kpis |= memory.memory_kpis(pair, weights_bytes, kv, act_bytes // 4 * element_bytes, soc, trained_context)
     for name, sub in placements.items():
         for key in ("htp_fraction", "nodes_on_htp", "nodes_total", "unsupported_ops", "boundary_qdq_on_cpu",
