@@ -115,7 +115,7 @@ def test_an_8_bit_kv_cache_halves_the_cache_and_keeps_the_htp_perplexity(run_sui
     # Hub's LLMs ship; feasibility reads the width from the shipped graph, not from the spec
     _, wide = run_suites("--model", str(_spec(user_pair, "kv16", eval_windows=8)), "-k", "llm_feasibility or llm_accuracy")
     _, narrow = run_suites("--model", str(_spec(user_pair, "kv8", eval_windows=8, kv_bits=8)), "-k",
-                           "llm_feasibility or llm_accuracy")
+                           "llm_feasibility or llm_accuracy or genie_runtime")
     f16, f8 = wide["llm_feasibility"]["kpis"], narrow["llm_feasibility"]["kpis"]
     assert (f16["kv_cache_bits"], f8["kv_cache_bits"]) == (16, 8)
     assert f8["kv_cache_bytes"] * 2 == f16["kv_cache_bytes"] == 2 * 1 * 2 * 16 * 32 * 2  # K and V, 1 layer, 2 heads
@@ -125,6 +125,9 @@ def test_an_8_bit_kv_cache_halves_the_cache_and_keeps_the_htp_perplexity(run_sui
     assert a8["recipe"] == a16["recipe"] == "w8a16"
     assert a8["perplexity_htp"] == pytest.approx(a16["perplexity_htp"], rel=0.02)
     assert a8["greedy_agreement"] >= 0.75 and a8["min_agreeing_tokens"] >= 3
+    genie = narrow["genie_runtime"]  # Genie runs the 8-bit cache's context binaries; the bandwidth estimate reads it
+    assert genie["outcome"] == "passed" and genie["kpis"]["genie_prefix_tokens_min"] >= 3
+    assert genie["kpis"]["decode_kv_bytes_per_token"] == f8["kv_cache_bytes"]
 
 
 def test_a_pair_out_of_genie_convention_names_the_tensor_and_layout(run_suites, user_pair):
