@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.errors import ModelError
 from harness.host_sessions import host_session_options
 from harness.llm import convention
 from harness.runner import llm_runner
@@ -44,8 +45,6 @@ def kv_bytes_of(quantized: Path) -> int:
     past keys are quantized with (what the graph ships, whatever the recipe asked); raises ModelError when the
     graph quantizes no past_key_0_in."""
     import onnx
-
-    from harness.errors import ModelError
 
     model = onnx.load(str(quantized), load_external_data=False)
     zero_points = {i.name: i.data_type for i in model.graph.initializer}
