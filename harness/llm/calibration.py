@@ -127,9 +127,10 @@ def _kv_group(name: str) -> str:
 
 
 def shared_overrides(calibration: PairCalibration, pair: convention.PairInfo,
-                     activation_type: str) -> dict[str, list[dict]]:
+                     activation_type: str, kv_type: str | None = None) -> dict[str, list[dict]]:
     """Return tensor overrides (scale, zero point, type) giving the exchanged tensors one asymmetric MinMax
-    encoding over both graphs' calls, a KV layer's input and output tied together."""
+    encoding over both graphs' calls, a KV layer's input and output tied together; the KV cache's tensors of
+    kv_type when given, the others (and without kv_type, those too) of activation_type."""
     ranges: dict[str, tuple[float, float]] = {}
     for feed, outs in calibration.prefill + calibration.decode:
         for name in _shared_names(pair):
@@ -139,12 +140,13 @@ def shared_overrides(calibration: PairCalibration, pair: convention.PairInfo,
             group = _kv_group(name)
             lo, hi = ranges.get(group, (0.0, 0.0))
             ranges[group] = (min(lo, float(value.min())), max(hi, float(value.max())))
-    qmax = QMAX[activation_type]
     overrides = {}
     for name in _shared_names(pair):
+        quant_type = kv_type if kv_type is not None and convention.KV_NAME.match(name) else activation_type
+        qmax = QMAX[quant_type]
         lo, hi = ranges[_kv_group(name)]
         scale = (hi - lo) / qmax if hi > lo else 1.0
-        overrides[name] = [{"quant_type": activation_type, "scale": scale,
+        overrides[name] = [{"quant_type": quant_type, "scale": scale,
                             "zero_point": int(np.clip(round(-lo / scale), 0, qmax))}]
     return overrides
 
@@ -175,12 +177,9 @@ def pair_recipe(name: str, calibration: PairCalibration, pair: convention.PairIn
     from dataclasses import replace
 
     base = LLM_RECIPES[name]
-    overrides = shared_overrides(calibration, pair, base.activation_type)
-    label = f"llm-{name}"
-    if kv_bits is not None and KV_TYPES[kv_bits] != base.activation_type:
-        kv_type = shared_overrides(calibration, pair, KV_TYPES[kv_bits])
-        overrides.update({n: v for n, v in kv_type.items() if convention.KV_NAME.match(n)})
-        label += f"-kv{kv_bits}"
+    kv_type = KV_TYPES[kv_bits] if kv_bits is not None else None
+    overrides = shared_overrides(calibration, pair, base.activation_type, kv_type)
+    label = f"llm-{name}" + (f"-kv{kv_bits}" if kv_type not in (None, base.activation_type) else "")
     if name in FOUR_BIT_WEIGHTS:
         overrides.update(linear_weight_overrides(float_model))
     elif per_channel_weights:

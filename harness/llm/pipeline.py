@@ -120,6 +120,12 @@ class LlmOnboarding(PipelineBase):
             self._memo[key] = Pair(*(ptq.quantize(floats.graph(g), cal.feeds(g), quant, self.cache) for g in GRAPHS))
         return self._memo[key]
 
+    @memoized
+    def llm_kv_bytes(self) -> int:
+        """The bytes of one KV cache element in the shipped pair, as its decode graph encodes it (read once: the
+        graph may be hundreds of MB)."""
+        return calibration.kv_bytes_of(self.llm_quantized(self.llm_recipe).decode)
+
     @property
     def llm_recipe(self) -> str:
         """The recipe that ships."""
@@ -158,7 +164,7 @@ class LlmOnboarding(PipelineBase):
         weights = feasibility.weights_bytes(onnx.load(str(shipped.prefill)))
         return steps.llm_feasibility(placements, self.llm_pair(), weights,
                                      calibration.activation_bytes(self.llm_recipe),
-                                     calibration.kv_bytes_of(shipped.decode), self.target.soc,
+                                     self.llm_kv_bytes(), self.target.soc,
                                      self.target.model.thresholds, importer.trained_context(self.llm_files()))
 
     @memoized
@@ -210,9 +216,8 @@ class LlmOnboarding(PipelineBase):
         report = genie_steps.genie_runtime(self.runner, device, prompts, files.max_new_tokens, judge, reference,
                                            self.llm_tokenizer(), pair.context_length, self.target.model.thresholds,
                                            self._run_dir("genie_runtime"))
-        shipped = self.llm_quantized(self.llm_recipe).decode
-        kv = steps.kv_cache_bytes(pair, calibration.kv_bytes_of(shipped))
-        report.kpis |= ceiling.decode_ceiling(shipped, kv, self.target.soc,
+        report.kpis |= ceiling.decode_ceiling(self.llm_quantized(self.llm_recipe).decode,
+                                              steps.kv_cache_bytes(pair, self.llm_kv_bytes()), self.target.soc,
                                               report.kpis.get("tokens_per_s"))
         return report
 
