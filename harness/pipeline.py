@@ -237,12 +237,19 @@ class Onboarding(PipelineBase):
                                              self.runner, self.thresholds)
 
     @memoized
+    def best_case(self) -> dict:
+        """The KPIs a quantized model equal to float would get on the evaluation samples (ptq.best_case): PTQ's
+        resolution note and the precision search's futility test read them."""
+        return ptq.best_case(self.dataset(), self.float_reference())
+
+    @memoized
     def ptq(self) -> StepReport:
         """Step 3 stage 2 report (its `dataset` KPI says what data was used and how many samples, and why)."""
         cost, own = self.inference_cost(), self.own_quantization()
         try:
             report = ptq.ptq(self.qdq_model(), self.recipe, self.dataset(), self.float_reference(), self.runner,
-                             self.thresholds, inference_s=cost.inference_s if cost is not None else None)
+                             self.thresholds, inference_s=cost.inference_s if cost is not None else None,
+                             best=self.best_case())
         except HarnessError as e:  # the model's own encodings: say which the HTP cannot take before what failed
             if own is None or not own.problems:
                 raise
@@ -286,7 +293,7 @@ class Onboarding(PipelineBase):
                                           self.error_isolation())
         report = mixed_precision.mixed_precision(
             self.converted_model(), self.dataset(), self.float_reference(), self.runner, self.thresholds,
-            self.cache, start, units, best_case=ptq.best_case(self.dataset(), self.float_reference()),
+            self.cache, start, units, best_case=self.best_case(),
             pool=pool, soc=self.target.soc, budget_s=self.accuracy.precision_budget_s,
             allow_cpu_fallback=self.thresholds.min_htp_fraction < 1.0)
         if "model" in report.artifacts and report.kpis.get("precision") != "fp16":

@@ -243,10 +243,11 @@ def interval_rows(kpis: dict) -> list[dict]:
 
 
 def ptq(qdq_model: Path, recipe: QuantRecipe, dataset: Dataset, reference: list[Feed], runner: DeviceRunner,
-        thresholds: Thresholds, inference_s: float | None = None) -> StepReport:
+        thresholds: Thresholds, inference_s: float | None = None, best: dict | None = None) -> StepReport:
     """Return the PTQ report: the QDQ model on the device's `htp` runtime against the float reference, each
     limit judged on its KPI's 95 % interval (inconclusive, saying how many samples would resolve it, when the
-    interval straddles the limit); inference_s (one inference's device time) sizes the resolution note."""
+    interval straddles the limit); inference_s (one inference's device time) sizes the resolution note; best is
+    best_case(dataset, reference) when the caller has it."""
     with ThreadPoolExecutor(1, thread_name_prefix="host-qdq") as pool:  # the host's QDQ run overlaps the device's
         host_run = pool.submit(host_qdq_run, qdq_model, dataset.evaluation) if dataset.task is not None else None
         try:
@@ -256,7 +257,7 @@ def ptq(qdq_model: Path, recipe: QuantRecipe, dataset: Dataset, reference: list[
         host_outputs = host_run.result() if host_run is not None else None
     report = StepReport("ptq")
     float_metric = task_metric(reference, dataset, reference)
-    best = best_case(dataset, reference)
+    best = best if best is not None else best_case(dataset, reference)
     report.kpis = {"runtime": "htp", "recipe": recipe.name, "samples": len(run.outputs),
                    **compare_quantized(run.outputs, reference, dataset, float_metric),
                    "resolvable_drop": resolvable_drop(best),
