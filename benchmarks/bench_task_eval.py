@@ -109,7 +109,7 @@ def has_evaluation(root: Path, name: str) -> bool:
 
 def warm(ob: Onboarding) -> float:
     """Build what PTQ needs before it runs its device run, and import what its task evaluation's first call would
-    (one sample post-processed and scored outside TaskEvaluation, whose kept predictions stay empty: a suite's
+    (one sample post-processed and scored outside TaskEvaluation, so that no timed call pays them: a suite's
     float_baseline step pays these imports before PTQ); return the seconds it took."""
     start = time.perf_counter()
     ob.conversion()

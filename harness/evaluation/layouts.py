@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import EvaluationError
-from harness.evaluation.spec import METRIC_TAKES, Evaluation
+from harness.evaluation.spec import Evaluation, metrics_reading
 
 HEADER = ["file", "label"]
 SKIPPED_FILES = ("description.txt",)  # what a data folder may hold besides its samples (harness.data)
@@ -235,7 +235,7 @@ def _coco_box(note: dict) -> list[float]:
 
 def reads_regions(evaluation: Evaluation) -> bool:
     """True when the evaluation's metric or a reported one reads classed regions (map50)."""
-    return any(METRIC_TAKES.get(name) == ("regions",) for name in (evaluation.metric, *evaluation.report))
+    return bool(metrics_reading("regions", (evaluation.metric, *evaluation.report)))
 
 
 def label_rows(evaluation: Evaluation, samples: list[str]) -> list[LabelRow]:

@@ -24,7 +24,7 @@ from harness.user_code import load_function
 
 TOP_CLASSES = 5  # argmax keeps this many classes, best first (top-5 reads them all)
 FRAME_THRESHOLD = 0.5
-BUILTIN_POSTPROCESS = ("argmax", "ctc_greedy", "frames", "db_boxes", "picodet_boxes")  # pure, immutable predictions
+BUILTIN_POSTPROCESS = ("argmax", "ctc_greedy", "frames", "db_boxes", "picodet_boxes")
 
 
 def argmax(output: np.ndarray) -> tuple[int, ...]:

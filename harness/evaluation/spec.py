@@ -102,6 +102,12 @@ class Evaluation:
         return f"model spec {self.spec}" if self.spec else "evaluation"
 
 
+def metrics_reading(kind: str, metrics: tuple[str, ...]) -> list[str]:
+    """Return those of metrics (built-in names; a user's function reads anything) that read labels of kind
+    (METRIC_TAKES: "boxes", "regions", ...)."""
+    return [m for m in metrics if METRIC_TAKES.get(m) == (kind,)]
+
+
 def resolve_evaluation(section: EvaluationSection, spec: Path) -> Evaluation:
     """Return the section with its paths resolved against the spec's folder; raises ConfigError naming the spec
     file and key for a missing file, an unknown post-processing or metric, a pair that does not fit (cer after
@@ -134,12 +140,12 @@ def resolve_evaluation(section: EvaluationSection, spec: Path) -> Evaluation:
                           f" with layout {layout} ({given})")
     postprocess = function("postprocess", section.postprocess, POSTPROCESS_YIELDS)
     metric = function("metric", section.metric, METRIC_TAKES)
-    regions = [m for m in (metric, *section.report) if METRIC_TAKES.get(m) == ("regions",)]
+    regions = metrics_reading("regions", (metric, *section.report))
     if section.classes is not None and layout != "class_folders" and not (layout == "coco" and regions):
         raise ConfigError(f"model spec {spec}: evaluation.classes applies to layout class_folders, not {layout}"
                           f"{f' read by {metric}' if layout == 'coco' else ''} (and to a COCO JSON's category names "
                           f"when map50 reads it)")
-    boxes = [m for m in (metric, *section.report) if METRIC_TAKES.get(m) == ("boxes",)]
+    boxes = metrics_reading("boxes", (metric, *section.report))
     if layout == "coco" and regions and boxes:
         raise ConfigError(f"model spec {spec}: evaluation reads the COCO JSON as text boxes ({', '.join(boxes)}) "
                           f"and as classed regions ({', '.join(regions)}): name metrics of one kind")
