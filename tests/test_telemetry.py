@@ -172,6 +172,14 @@ def fake_runner(transport, tmp_path: Path) -> list[str]:
     return [sys.executable, "fake_runner.py"]
 
 
+def wait_for_samples(sampler: TelemetrySampler, count: int, timeout_s: float = 30.0) -> None:
+    """Return once the sampler holds count samples (a busy host slows each read; a fixed sleep flaked in CI)."""
+    deadline = time.monotonic() + timeout_s
+    while len(sampler.samples) < count:
+        assert time.monotonic() < deadline, f"{len(sampler.samples)} of {count} samples after {timeout_s} s"
+        time.sleep(0.02)
+
+
 def test_sampler_on_the_emulator_sees_the_soc_heat_under_runner_load(catalog, tmp_path):
     transport = open_transport(EmulatorDevice(id="e", soc="sm8650", transport="emulator"), catalog.soc("sm8650"),
                                tmp_path)
@@ -240,7 +248,7 @@ def test_sampler_over_ssh_reads_configured_paths_and_is_measured(catalog, tmp_pa
             "thermal_dir": str(fake / "thermal"), "power_supply": str(supply)}))
         with open_transport(entry, catalog.soc("sm8650"), tmp_path) as transport:
             with TelemetrySampler(transport, interval_s=0.1) as sampler:
-                time.sleep(0.3)
+                wait_for_samples(sampler, 3)
             plain = SshDevice(**sshd.device_entry(soc="sm8650", soc_detect="off"))
             transport.device = plain  # defaults: /sys/class/thermal (none on this host), no power on boards
             host = TelemetrySampler(transport, interval_s=0.1)
