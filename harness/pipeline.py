@@ -272,7 +272,8 @@ class Onboarding(PipelineBase):
         if self.accuracy.sweep == "off":
             raise StepError("the quantization sweep is off (--sweep off)")
         return sweep.sweep(self.converted_model(), self.dataset(), self.float_reference(), self.runner,
-                           self.thresholds, self.cache, self.recipe, self.accuracy.sweep)
+                           self.thresholds, self.cache, self.recipe, self.accuracy.sweep,
+                           ptq_result=self._ptq_candidate_if_any(), best_case=self.best_case())
 
     def sweep(self) -> StepReport:
         """Step 3 stage 4 report."""
@@ -310,6 +311,17 @@ class Onboarding(PipelineBase):
             best = next((c for c in self.sweep_result()[1] if c.error is None), None)
             if best is not None:
                 return best
+        return self._ptq_candidate()
+
+    def _ptq_candidate_if_any(self) -> sweep.Candidate | None:
+        """PTQ's candidate, or None when PTQ could not run (the sweep then tries its recipes all the same)."""
+        try:
+            return self._ptq_candidate()
+        except HarnessError:
+            return None
+
+    def _ptq_candidate(self) -> sweep.Candidate:
+        """PTQ's result as a candidate of the precision search (its recipe, QDQ model and KPIs)."""
         report, model = self.ptq(), self.qdq_model()
         return sweep.Candidate(self.recipe, model, {**report.kpis, "model_bytes": model.stat().st_size},
                                meets=report.passed, undecided=report.status == "inconclusive")

@@ -446,9 +446,23 @@ def test_a_search_that_no_sample_count_here_could_decide_is_not_run():
     assert reason is not None and "on 16 evaluation samples" in reason and "about 189 are needed" in reason
     report = mp.mixed_precision(Path("unused.onnx"), None, [], None, thresholds, None, start, [], best_case=best)
     assert report.status == "inconclusive" and report.kpis["search"] == "not run" and "model" not in report.artifacts
+    # the sweep, from PTQ's result, evaluates no candidate either (each would be undecided), and says why
+    from types import SimpleNamespace
+
+    from harness.steps.sweep import sweep
+    swept, candidates = sweep(Path("unused.onnx"), SimpleNamespace(evaluation=[{}] * 16), [], None, thresholds, None,
+                              QuantRecipe(), "quick", ptq_result=start, best_case=best)
+    assert candidates == [] and swept.status == "inconclusive" and swept.kpis["search"] == "not run"
+    assert "'quick' sweep did not run: on 16 evaluation samples" in swept.inconclusive[0] and "about 189" in swept.inconclusive[0]
     # a limit failed decisively, or samples that can resolve the drop: the search runs
     low_cosine = {**kpis, "cosine_similarity": 0.5,
                   "intervals": {**interval, "cosine_similarity": stats.Interval(0.4, 0.6, 16, "bootstrap").as_dict()}}
     assert mp.unresolvable_search(Candidate(QuantRecipe(), kpis=low_cosine, undecided=True), thresholds, best) is None
     many = {**best, "intervals": {"task_metric_drop": stats.complement(stats.wilson(400, 400)).as_dict()}}
     assert mp.unresolvable_search(start, thresholds, many) is None
+    # on fewer samples than any verdict needs, every KPI spans its range, for float itself: nothing can be decided
+    few = {"cosine_similarity": stats.Interval(-1.0, 1.0, 4, "too few").as_dict(),
+           "sqnr_db": stats.Interval(float("-inf"), float("inf"), 4, "too few").as_dict()}
+    four = Candidate(QuantRecipe(), kpis={**kpis, "intervals": {**interval, **few}}, undecided=True)
+    reason = mp.unresolvable_search(four, thresholds, {**best, "intervals": {**best["intervals"], **few}})
+    assert reason is not None and "cosine_similarity, sqnr_db" in reason

@@ -41,7 +41,6 @@ from typing import Any
 from harness.reporting import charts
 from harness.cache import ArtifactCache, content_key
 from harness.data import Dataset, Feed, feeds_digest
-from harness import stats
 from harness.errors import HarnessError
 from harness.kpi import check_all
 from harness.models import Thresholds
@@ -52,8 +51,8 @@ from harness.steps import precision
 from harness.steps.promotion import PromotionUnit
 from harness.steps.ptq import QuantRecipe, compare_quantized, judge
 from harness.steps.report import StepReport
-from harness.steps.sweep import (Candidate, accuracy_limits, evaluate_all, evaluate_recipe, quantize_recipe,
-                                 rank)
+from harness.steps.sweep import (Candidate, accuracy_limits, evaluate_all, evaluate_recipe, quantize_recipe, rank,
+                                 undecidable)
 
 PROMOTED_TYPE = "QUInt16"
 MEASURED_UNITS = 16  # candidate units measured on the host per run (the top of error isolation's pre-rank)
@@ -435,28 +434,15 @@ def _ratio(kpis: dict[str, Any]) -> dict[str, Any]:
     return {"task_metric_ratio": kpis["task_metric_ratio"]} if "task_metric_ratio" in kpis else {}
 
 
-TASK_KPIS = frozenset({"task_metric_ratio", "task_metric_drop"})
-
-
 def unresolvable_search(start: Candidate, thresholds: Thresholds, best_case: dict | None) -> str | None:
-    """Return why a search from start could not decide anything (None when it could): start fails no limit, and
-    the limits it leaves undecided are the task metric's, which even a candidate identical to float (best_case:
-    its KPIs on these samples, ptq.best_case) leaves undecided, so every candidate would be undecided too."""
-    if start.meets or start.error is not None or not start.undecided or best_case is None:
+    """Return why a search from start could not decide anything (None when it could): see sweep.undecidable."""
+    why = undecidable(start, thresholds, best_case)
+    if why is None:
         return None
-    limits = accuracy_limits(thresholds)
-    states = {v.limit.kpi: v.state for v in check_all(start.kpis, limits)}
-    undecided = {kpi for kpi, state in states.items() if state == "inconclusive"}
-    if not undecided or not undecided <= TASK_KPIS or "failed" in states.values():
-        return None
-    task_limits = [lim for lim in limits if lim.kpi in undecided]
-    if any(not v.inconclusive for v in check_all(best_case, task_limits)):
-        return None
-    best = {**best_case, "intervals": dict(best_case.get("intervals") or {})}
-    samples = next(iter(best["intervals"].get(kpi, {}).get("samples") for kpi in sorted(undecided)), None)
+    undecided, samples, sentences = why
     return (f"mixed precision did not search: on {samples or 'the'} evaluation samples even a model identical to "
-            f"float leaves {', '.join(sorted(undecided))} undecided, so no candidate could be shown to meet it (the "
-            f"start recipe {start.name} fails no limit): " + "; ".join(stats.unresolved(best, task_limits)))
+            f"float leaves {', '.join(undecided)} undecided, so no candidate could be shown to meet it (the "
+            f"start recipe {start.name} fails no limit): " + "; ".join(sentences))
 
 
 def _search_not_run(start: Candidate, thresholds: Thresholds, reason: str) -> StepReport:

@@ -29,6 +29,7 @@ import numpy as np
 from harness.cache import ArtifactCache, content_key
 from harness.data import Dataset, Feed, feeds_digest
 from harness.errors import HarnessError, StepError
+from harness import stats
 from harness.kpi import check_all
 from harness.models import Thresholds
 from harness.options import SWEEP_MODES
@@ -121,6 +122,28 @@ def judge_candidate(candidate: Candidate, thresholds: Thresholds) -> Candidate:
     candidate.meets = all(v.passed for v in verdicts)
     candidate.undecided = not candidate.meets and all(v.passed or v.inconclusive for v in verdicts)
     return candidate
+
+
+def undecidable(start: Candidate, thresholds: Thresholds,
+                best_case: dict | None) -> tuple[list[str], int | None, list[str]] | None:
+    """Return (the undecided KPIs, the evaluation samples, one sentence per unresolved limit) when no candidate
+    could be decided on these samples, else None: start fails no limit, and even a candidate identical to float
+    (best_case: its KPIs on these samples, ptq.best_case) leaves every limit start leaves undecided undecided too
+    (a drop finer than the samples resolve; any KPI on fewer than stats' minimum samples), so every candidate would
+    be undecided."""
+    if start.meets or start.error is not None or not start.undecided or best_case is None:
+        return None
+    limits = accuracy_limits(thresholds)
+    states = {v.limit.kpi: v.state for v in check_all(start.kpis, limits)}
+    undecided = sorted(kpi for kpi, state in states.items() if state == "inconclusive")
+    if not undecided or "failed" in states.values():
+        return None
+    task_limits = [lim for lim in limits if lim.kpi in undecided]
+    if any(not v.inconclusive for v in check_all(best_case, task_limits)):
+        return None
+    best = {**best_case, "intervals": dict(best_case.get("intervals") or {})}
+    samples = next(iter(best["intervals"].get(kpi, {}).get("samples") for kpi in undecided), None)
+    return undecided, samples, stats.unresolved(best, task_limits)
 
 
 def candidate_recipes(mode: str, base: QuantRecipe) -> list[QuantRecipe]:
@@ -312,10 +335,15 @@ def evaluate_all(recipes: list[QuantRecipe], model: Path, dataset: Dataset, refe
 
 
 def sweep(model: Path, dataset: Dataset, reference: list[Feed], runner: DeviceRunner, thresholds: Thresholds,
-          cache: ArtifactCache, base: QuantRecipe, mode: str,
-          max_workers: int | None = None) -> tuple[StepReport, list[Candidate]]:
+          cache: ArtifactCache, base: QuantRecipe, mode: str, max_workers: int | None = None,
+          ptq_result: Candidate | None = None, best_case: dict | None = None) -> tuple[StepReport, list[Candidate]]:
     """Return the sweep report and the ranked candidates; the step fails, listing what was tried,
-    when no candidate meets the model's KPI."""
+    when no candidate meets the model's KPI. When even a candidate identical to float could not be shown to meet
+    it on these samples (undecidable: ptq_result, base's PTQ candidate, against best_case), no candidate is
+    evaluated and the step is inconclusive, saying how many samples would decide."""
+    why = undecidable(ptq_result, thresholds, best_case) if ptq_result is not None else None
+    if why is not None:
+        return _sweep_not_run(mode, len(dataset.evaluation), ptq_result, thresholds, why), []
     recipes = candidate_recipes(mode, base)
     start = time.perf_counter()
     candidates, workers = evaluate_all(recipes, model, dataset, reference, runner, thresholds, cache, max_workers)
@@ -352,3 +380,23 @@ def sweep(model: Path, dataset: Dataset, reference: list[Feed], runner: DeviceRu
     if best is not None:
         report.artifacts["best_model"] = best.model
     return report, candidates
+
+
+def _sweep_not_run(mode: str, samples: int, ptq_result: Candidate, thresholds: Thresholds,
+                   why: tuple[list[str], int | None, list[str]]) -> StepReport:
+    """Return the inconclusive report of a sweep whose candidates no evaluation here could decide (PTQ's KPIs)."""
+    undecided, _, sentences = why
+    report = StepReport("sweep")
+    report.limits = accuracy_limits(thresholds)
+    k = ptq_result.kpis
+    report.kpis = {"mode": mode, "runtime": "htp", "samples": samples, "candidates": [], "best": None,
+                   "best_meets_kpi": False, "candidates_meeting_kpi": 0, "candidates_failed": 0,
+                   "candidates_undecided": 0, "search": "not run",
+                   **{name: k.get(name) for name in ("task_metric_name", "task_metric", "float_task_metric",
+                                                     "task_metric_drop", "cosine_similarity", "sqnr_db", "intervals")
+                      if name in k}}
+    report.inconclusive.append(
+        f"the '{mode}' sweep did not run: on {samples} evaluation samples even a model identical to float leaves "
+        f"{', '.join(undecided)} undecided, so no candidate could be shown to meet it (PTQ's {ptq_result.name} "
+        f"fails no limit): " + "; ".join(sentences))
+    return report
