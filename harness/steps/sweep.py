@@ -393,7 +393,8 @@ def _sweep_not_run(mode: str, samples: int, ptq_result: Candidate, thresholds: T
                    "best_meets_kpi": False, "candidates_meeting_kpi": 0, "candidates_failed": 0,
                    "candidates_undecided": 0, "search": "not run",
                    **{name: k.get(name) for name in ("task_metric_name", "task_metric", "float_task_metric",
-                                                     "task_metric_drop", "cosine_similarity", "sqnr_db", "intervals")
+                                                     "task_metric_drop", "task_metric_ratio", "cosine_similarity",
+                                                     "sqnr_db", "intervals")
                       if name in k}}
     report.inconclusive.append(
         f"the '{mode}' sweep did not run: on {samples} evaluation samples even a model identical to float leaves "
