@@ -45,11 +45,23 @@ class LatencyEstimate:
 
 
 def graph_cost(model_path: Path) -> GraphCost:
-    """Return the MACs and 8-bit bytes of a shape-fixed ONNX model (float or QDQ).
+    """Return the MACs and 8-bit bytes of a shape-fixed ONNX model (float or QDQ), worked out once per file
+    content in a process (the context binary's record and the profile step's estimate read the same model).
 
     Shapes come from ONNX shape inference; Quantize/DequantizeLinear nodes are not counted as
     activations (in a QDQ graph they only mark where tensors are 8-bit).
     """
+    stat = Path(model_path).stat()
+    key = (str(Path(model_path).resolve()), stat.st_mtime_ns, stat.st_size)
+    if key not in _COSTS:
+        _COSTS[key] = _graph_cost(model_path)
+    return _COSTS[key]
+
+
+_COSTS: dict[tuple[str, int, int], GraphCost] = {}
+
+
+def _graph_cost(model_path: Path) -> GraphCost:
     import onnx
 
     model = onnx.shape_inference.infer_shapes(onnx.load(str(model_path)))

@@ -16,19 +16,32 @@ def as_flat(x) -> np.ndarray:
 def cosine_similarity(reference, test) -> float:
     """Return the cosine similarity of two tensors (or lists of tensors), flattened; 1.0 for two zeros."""
     a, b = as_flat(reference), as_flat(test)
-    na, nb = np.linalg.norm(a), np.linalg.norm(b)
-    if na == 0 and nb == 0:
+    return cosine_of(a, b, np.linalg.norm(a), np.linalg.norm(b))
+
+
+def cosine_of(a: np.ndarray, b: np.ndarray, norm_a, norm_b) -> float:
+    """Return cosine_similarity of two flat vectors whose norms (np.linalg.norm) are known, so that a vector
+    compared with several others is normed once."""
+    if norm_a == 0 and norm_b == 0:
         return 1.0
-    if na == 0 or nb == 0:
+    if norm_a == 0 or norm_b == 0:
         return 0.0
-    return float(np.dot(a, b) / (na * nb))
+    return float(np.dot(a, b) / (norm_a * norm_b))
 
 
 def sqnr_db(reference, test) -> float:
     """Return 10·log10(mean(reference²) / mse) in dB; +inf when identical."""
     a, b = as_flat(reference), as_flat(test)
-    mse = float(np.mean((a - b) ** 2)) if a.size else 0.0
-    signal = float(np.mean(a ** 2)) if a.size else 0.0
+    return sqnr_of(mean_square(a), mean_square(a - b) if a.size else 0.0)
+
+
+def mean_square(a: np.ndarray) -> float:
+    """Return the mean of a flat vector's squares (0.0 for an empty one): sqnr_of's signal, or its error of a - b."""
+    return float(np.mean(a ** 2)) if a.size else 0.0
+
+
+def sqnr_of(signal: float, mse: float) -> float:
+    """Return sqnr_db from a reference's mean square (signal) and the mean squared error; +inf when mse is 0."""
     if mse == 0:
         return float("inf")
     if signal == 0:
@@ -39,7 +52,12 @@ def sqnr_db(reference, test) -> float:
 def mean_abs_error(reference, test) -> float:
     """Return the mean absolute difference."""
     a, b = as_flat(reference), as_flat(test)
-    return float(np.mean(np.abs(a - b))) if a.size else 0.0
+    return mean_abs(a - b) if a.size else 0.0
+
+
+def mean_abs(a: np.ndarray) -> float:
+    """Return the mean of a flat vector's absolute values (mean_abs_error of the difference a is)."""
+    return float(np.mean(np.abs(a))) if a.size else 0.0
 
 
 def max_abs_diff(reference, test) -> float:

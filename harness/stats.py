@@ -24,7 +24,10 @@ FLOORED = "bootstrap, floored"  # widened to the least interval n samples allow 
 MIN_BOOTSTRAP_SAMPLES = 5  # fewer: a bootstrap interval's coverage is far below its nominal level
 
 
+@functools.lru_cache(maxsize=16)
 def _z(confidence: float) -> float:
+    """Return the two-sided normal quantile of confidence (memoised: scipy's norm.ppf takes a millisecond, and
+    samples_needed's and floored_needed's bisections ask for it at every step)."""
     from scipy.stats import norm
 
     return float(norm.ppf(0.5 + confidence / 2))

@@ -29,7 +29,7 @@ import numpy as np
 from harness.cache import ArtifactCache, content_key
 from harness.data import Dataset, Feed
 from harness.errors import StepError
-from harness.metrics import as_flat, cosine_similarity, mean_abs_error, sqnr_db
+from harness.metrics import as_flat, cosine_of, mean_abs, mean_square, sqnr_of
 from harness.reporting import charts
 from harness.runner.client import DeviceRunner, HtpRefusedError
 from harness.steps.inference import host_qdq_run
@@ -237,11 +237,42 @@ def device_quantized_activations(exposed_model: Path, tensors: list[ExposedTenso
 
 # ------------------------------------------------------------------------------------ compare
 
+@dataclass(frozen=True)
+class HostSide:
+    """One tensor's host QDQ emulation against float, and the float side's parts the HTP's comparison reuses."""
+
+    cosine_host: float
+    sqnr_host_db: float
+    mae_host: float
+    norm_float: float
+    norm_host: float
+    signal: float  # the float activation's mean square
+
+
+def host_side_stats(float_acts: dict[str, list[np.ndarray]], host_acts: dict[str, list[np.ndarray]],
+                    tensors: list[ExposedTensor]) -> dict[str, HostSide]:
+    """Return HostSide per exposed tensor that has a float and a host QDQ activation of the same size: what
+    compare_layers needs before the device's activations arrive, so it can be computed while the device runs."""
+    names = [t.tensor for t in tensors if t.tensor in float_acts and t.tensor in host_acts
+             and _same_size(float_acts[t.tensor], host_acts[t.tensor])]
+    with ThreadPoolExecutor(2, thread_name_prefix="compare-layers") as pool:  # numpy releases the GIL: 2 cores
+        return dict(zip(names, pool.map(lambda t: _host_side(float_acts[t], host_acts[t]), names)))
+
+
+def _host_side(float_act: list[np.ndarray], host_act: list[np.ndarray]) -> HostSide:
+    f, h = as_flat(float_act), as_flat(host_act)
+    norm_f, norm_h, diff, signal = np.linalg.norm(f), np.linalg.norm(h), f - h, mean_square(f)
+    return HostSide(cosine_of(f, h, norm_f, norm_h), sqnr_of(signal, mean_square(diff)), mean_abs(diff),
+                    norm_f, norm_h, signal)
+
+
 def compare_layers(float_model: Path, float_acts: dict[str, list[np.ndarray]],
                    host_acts: dict[str, list[np.ndarray]], htp_acts: dict[str, list[np.ndarray]],
-                   tensors: list[ExposedTensor]) -> tuple[list[LayerStats], int]:
+                   tensors: list[ExposedTensor],
+                   host_side: dict[str, HostSide] | None = None) -> tuple[list[LayerStats], int]:
     """Return per-tensor statistics in topological order (ranked for sensitivity), and how many
-    float tensors have no quantized counterpart (folded away by the quantizer)."""
+    float tensors have no quantized counterpart (folded away by the quantizer). host_side: host_side_stats of
+    these activations, when already computed (the tensors it lacks are computed here)."""
     import onnx
 
     model = onnx.load(str(float_model), load_external_data=False)
@@ -253,9 +284,14 @@ def compare_layers(float_model: Path, float_acts: dict[str, list[np.ndarray]],
     compared = [t for t in order if t in bits and t in float_acts and t in htp_acts and t in host_acts
                 and _same_size(float_acts[t], htp_acts[t])]
     compared_set = set(compared)
+    host_side = host_side or {}
+
+    def tensor_stats(t: str) -> dict:
+        host = host_side.get(t) or _host_side(float_acts[t], host_acts[t])
+        return _tensor_stats(float_acts[t], htp_acts[t], host_acts[t], host)
+
     with ThreadPoolExecutor(2, thread_name_prefix="compare-layers") as pool:  # numpy releases the GIL: 2 cores
-        stats = dict(zip(compared, pool.map(lambda t: _tensor_stats(float_acts[t], htp_acts[t], host_acts[t]),
-                                            compared)))
+        stats = dict(zip(compared, pool.map(tensor_stats, compared)))
     upstream_memo: dict[str, tuple[frozenset, frozenset]] = {}
 
     def upstream(tensor: str) -> tuple[frozenset, frozenset]:
@@ -291,13 +327,16 @@ def compare_layers(float_model: Path, float_acts: dict[str, list[np.ndarray]],
     return _rank(rows), not_compared
 
 
-def _tensor_stats(float_act: list[np.ndarray], htp_act: list[np.ndarray], host_act: list[np.ndarray]) -> dict:
+def _tensor_stats(float_act: list[np.ndarray], htp_act: list[np.ndarray], host_act: list[np.ndarray],
+                  host: HostSide) -> dict:
     """Return one tensor's LayerStats metrics (HTP and host QDQ against float, HTP against host), each tensor
-    flattened once."""
+    flattened once, each norm and difference computed once (host: the host side's, see host_side_stats)."""
     f, q, h = as_flat(float_act), as_flat(htp_act), as_flat(host_act)
-    return {"cosine_htp": cosine_similarity(f, q), "sqnr_htp_db": sqnr_db(f, q), "mae_htp": mean_abs_error(f, q),
-            "cosine_host": cosine_similarity(f, h), "sqnr_host_db": sqnr_db(f, h), "mae_host": mean_abs_error(f, h),
-            "cosine_htp_vs_host": cosine_similarity(h, q)}
+    norm_q, diff = np.linalg.norm(q), f - q
+    return {"cosine_htp": cosine_of(f, q, host.norm_float, norm_q),
+            "sqnr_htp_db": sqnr_of(host.signal, mean_square(diff)), "mae_htp": mean_abs(diff),
+            "cosine_host": host.cosine_host, "sqnr_host_db": host.sqnr_host_db, "mae_host": host.mae_host,
+            "cosine_htp_vs_host": cosine_of(h, q, host.norm_host, norm_q)}
 
 
 def _same_size(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
@@ -333,8 +372,9 @@ def isolate_errors(float_model: Path, qdq_model: Path, dataset: Dataset, runner:
         device = pool.submit(device_quantized_activations, exposed_model, tensors, feeds, runner, cache)
         float_acts = float_activations(float_model, feeds, cache)
         host_acts = host_quantized_activations(exposed_model, tensors, feeds)
+        host_side = host_side_stats(float_acts, host_acts, tensors)  # the host's half of the comparison, meanwhile
         htp_acts, htp_nodes, left_out = device.result()
-    rows, not_compared = compare_layers(float_model, float_acts, host_acts, htp_acts, tensors)
+    rows, not_compared = compare_layers(float_model, float_acts, host_acts, htp_acts, tensors, host_side)
     if not rows:
         raise StepError(f"no quantized activation of {qdq_model.name} matches a tensor of {float_model.name}")
     report = StepReport("error_isolation")

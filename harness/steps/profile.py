@@ -291,6 +291,9 @@ def profile(ctx: ContextBinary, qdq_model: Path, feed: Feed, runner: DeviceRunne
     timed = measure_blocks(runner, ctx.model, feed, rule, blocks, inference_s)
     rule, sized_why = timed.rule, timed.sized_why
     source = timed.blocks[0].run.latency_source
+    histogram = charts.latency_histogram(  # queued now: drawn on the chart thread while the detailed profile runs
+        timed.times_ms, timed.stats.as_dict(), f"{label}: latency ({source}, {timed.stats.iterations} iterations)",
+        out_dir / "latency_histogram.png")
     per_op_source = "context_binary"
     executions = 1 if timed.slow else PROFILE_ITERATIONS
     qnn = detailed_profile(runner, ctx.model, feed, out_dir / "profile_run", executions)
@@ -299,6 +302,7 @@ def profile(ctx: ContextBinary, qdq_model: Path, feed: Feed, runner: DeviceRunne
         shutil.rmtree(out_dir / "profile_run", ignore_errors=True)
         qnn = detailed_profile(runner, qdq_model, feed, out_dir / "profile_run", executions)
     rows = [r.as_dict() for r in op_table(qnn, _op_types(qdq_model))]
+    per_op_chart = charts.per_op_bars(rows, f"{label}: top ops by cycles ({source})", out_dir / "per_op_cycles.png")
     csv_path = out_dir / "qnn_profile.csv"
     shutil.copyfile(qnn.path, csv_path)
     execute = median_execute(qnn)
@@ -350,11 +354,8 @@ def profile(ctx: ContextBinary, qdq_model: Path, feed: Feed, runner: DeviceRunne
         report.tables["placement"] = placement
     report.tables["per_op"] = rows
     _budget(report, thresholds, source, timed.stats, estimate.latency_ms, soc)
-    report.artifacts["latency_histogram"] = charts.latency_histogram(
-        timed.times_ms, timed.stats.as_dict(), f"{label}: latency ({source}, {timed.stats.iterations} iterations)",
-        out_dir / "latency_histogram.png")
-    report.artifacts["per_op_cycles"] = charts.per_op_bars(
-        rows, f"{label}: top ops by cycles ({source})", out_dir / "per_op_cycles.png")
+    report.artifacts["latency_histogram"] = histogram
+    report.artifacts["per_op_cycles"] = per_op_chart
     report.artifacts["qnn_profile_csv"] = csv_path
     return report
 
