@@ -466,3 +466,19 @@ def test_a_search_that_no_sample_count_here_could_decide_is_not_run():
     four = Candidate(QuantRecipe(), kpis={**kpis, "intervals": {**interval, **few}}, undecided=True)
     reason = mp.unresolvable_search(four, thresholds, {**best, "intervals": {**best["intervals"], **few}})
     assert reason is not None and "cosine_similarity, sqnr_db" in reason
+
+
+def test_the_cheapest_candidate_on_the_simulator_never_follows_its_noisy_latency():
+    """Among candidates of one precision meeting the KPI, the simulator's wall-time latency (the host's load) does
+    not decide: the more accurate ships, whichever ran faster; with a device's latencies the faster one does."""
+    def candidate(name: str, cosine: float, latency_ms: float, source: str) -> sw.Candidate:
+        recipe = QuantRecipe(calibrate_method=name)
+        return sw.Candidate(recipe, kpis={"cosine_similarity": cosine, "htp_latency_ms": latency_ms,
+                                          "latency_source": source}, meets=True)
+
+    for fast_first in (True, False):  # the same two candidates, their simulated latencies swapped by the host
+        accurate = candidate("MinMax", 0.995, 12.0 if fast_first else 9.0, "simulator")
+        rougher = candidate("Percentile", 0.990, 9.0 if fast_first else 12.0, "simulator")
+        assert precision.cheapest([rougher, accurate], {}) is accurate
+    accurate, rougher = candidate("MinMax", 0.995, 12.0, "device"), candidate("Percentile", 0.990, 9.0, "device")
+    assert precision.cheapest([accurate, rougher], {}) is rougher  # a phone's latency beyond the 10 % tie decides

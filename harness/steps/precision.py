@@ -10,8 +10,9 @@
 * **The choice**: the cheapest candidate that meets the KPI decisively. With latencies measured on a
   device: the lowest latency, where latencies within LATENCY_TIE of it count as equal, then the lower
   precision (8-bit, mixed, 16-bit activations, FP16), then the smaller context. With the simulator's
-  figures (its wall time, inflated by the candidates' overlapping runs: not a phone's latency) the
-  lower precision decides first, as on the HTP, then the simulated latency and the context size.
+  figures (its wall time, inflated by the candidates' overlapping runs and following the host's load: not a
+  phone's latency) the lower precision decides first, as on the HTP, then the higher accuracy, the smaller
+  context and the recipe's name: never the simulated latency, so an unchanged re-run ships the same candidate.
 * **The budget** (`--precision-budget-s`): the search starts no new stage once it is spent, and names
   what it left untried. FP16 on the HTP (on the simulator it can take tens of seconds per inference) is
   first timed by one probe inference; when the probe's time over the evaluation samples and the fewest
@@ -163,8 +164,9 @@ def cheapest(candidates: list[Candidate], sizes: dict[int, int | None]) -> Candi
     def key(c: Candidate):
         latency = c.kpis.get("htp_latency_ms")
         tier, size = PRECISION_ORDER[c.precision], sizes.get(id(c)) or 0
-        if not measured:
-            return (tier, latency if latency is not None else float("inf"), size)
+        if not measured:  # the simulator's wall time follows the host's load: it never decides
+            score = accuracy(c)
+            return (tier, -score if score is not None else float("inf"), size, c.name)
         tied = fastest is None or (latency is not None and latency <= fastest * (1 + LATENCY_TIE))
         return (not tied, tier, size, latency or 0.0)
 
