@@ -55,6 +55,13 @@ def cache(session_cache_dir: Path) -> ArtifactCache:
     return ArtifactCache(session_cache_dir)
 
 
+@pytest.fixture
+def own_cache(tmp_path: Path) -> ArtifactCache:
+    """Return an artifact cache of this test's own, for a test that asserts on the cache's contents (the session's
+    may hold another xdist worker's build in progress: its .tmp-* directory is no leftover of this test)."""
+    return ArtifactCache(tmp_path / "own-cache")
+
+
 @pytest.fixture(scope="session")
 def devices():
     return load_devices_file(REPO / "devices.yaml")

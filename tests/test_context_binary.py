@@ -87,12 +87,12 @@ def test_step_reports_size_compile_and_load_times(ctx, qdq, sm8650_runner):
     assert report.passed, report.problems()
 
 
-def test_a_model_the_htp_cannot_run_fails_to_compile_with_a_hint(tmp_path, cache, devices):
+def test_a_model_the_htp_cannot_run_fails_to_compile_with_a_hint(tmp_path, own_cache, devices):
     from harness.errors import StepError
     from model_builders import with_unsupported_op
 
     model = with_unsupported_op(tmp_path / "det.onnx")
     with pytest.raises(StepError, match=r"compiling det\.onnx into a context binary for sm8650 \(v75\) failed.*"
                                         r"run the feasibility step"):
-        compile_context(model, devices.soc("sm8650"), cache)
-    assert not list((cache.root / "context_binary").glob(".tmp-*")), "a failed compile left a half-written entry"
+        compile_context(model, devices.soc("sm8650"), own_cache)
+    assert not list((own_cache.root / "context_binary").glob(".tmp-*")), "a failed compile left a half-written entry"

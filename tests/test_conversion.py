@@ -156,11 +156,11 @@ def test_freeze_folds_a_branch_and_rewrites_a_computed_clip(tmp_path):
     ({"mode": [1, 2]}, r"cannot freeze input 'mode': the value has shape \[2\], expected int64 of shape \[\]"),
     ({"x": [[1, 2, 3]]}, r"cannot freeze input 'x': the value has shape \[1, 3\], expected float32 of shape \[-1, 4\]"),
 ])
-def test_bad_frozen_inputs_name_the_model_and_input(tmp_path, cache, freeze, message):
+def test_bad_frozen_inputs_name_the_model_and_input(tmp_path, own_cache, freeze, message):
     path = gated(tmp_path / "gated.onnx")
     with pytest.raises(ModelError, match=message):
-        _convert(path, cache, shapes={"x": (3, 4)}, freeze=freeze)
-    assert not list((cache.root / "fixed").glob(".tmp-*"))  # nothing half-written
+        _convert(path, own_cache, shapes={"x": (3, 4)}, freeze=freeze)
+    assert not list((own_cache.root / "fixed").glob(".tmp-*"))  # nothing half-written
 
 
 # --- folding -----------------------------------------------------------------------------------------
@@ -245,7 +245,7 @@ def test_a_user_rewrite_from_a_spec_file_is_applied_and_listed(tmp_path, cache):
     assert f"rewrite {spec.rewrites[0]}" in report.kpis["transforms"]
 
 
-def test_a_user_rewrite_that_changes_the_outputs_fails_naming_it(tmp_path, cache):
+def test_a_user_rewrite_that_changes_the_outputs_fails_naming_it(tmp_path, own_cache):
     path = gated(tmp_path / "gated.onnx")
     rewrite = _write_rewrite(tmp_path, "def broken(model):\n"
                                        "    for n in model.graph.node:\n"
@@ -254,8 +254,8 @@ def test_a_user_rewrite_that_changes_the_outputs_fails_naming_it(tmp_path, cache
                                        "    return model\n")
     with pytest.raises(StepError, match=rf"model 'gated' .*conversion transform 'rewrite {rewrite}:broken' changed "
                                         r"the model's outputs: output 'y': max \|diff\|"):
-        _convert(path, cache, shapes={"x": (3, 4)}, freeze={"mode": 1}, rewrites=[f"{rewrite}:broken"])
-    assert not list((cache.root / "converted").glob(".tmp-*"))
+        _convert(path, own_cache, shapes={"x": (3, 4)}, freeze={"mode": 1}, rewrites=[f"{rewrite}:broken"])
+    assert not list((own_cache.root / "converted").glob(".tmp-*"))
 
 
 @pytest.mark.parametrize("reference, message", [
