@@ -138,12 +138,12 @@ def undecidable(start: Candidate, thresholds: Thresholds,
     undecided = sorted(kpi for kpi, state in states.items() if state == "inconclusive")
     if not undecided or "failed" in states.values():
         return None
-    task_limits = [lim for lim in limits if lim.kpi in undecided]
-    if any(not v.inconclusive for v in check_all(best_case, task_limits)):
+    undecided_limits = [lim for lim in limits if lim.kpi in undecided]
+    if any(not v.inconclusive for v in check_all(best_case, undecided_limits)):
         return None
-    best = {**best_case, "intervals": dict(best_case.get("intervals") or {})}
+    best = {**best_case, "intervals": dict(best_case.get("intervals") or {})}  # unresolved sets `needed` in it
     samples = next(iter(best["intervals"].get(kpi, {}).get("samples") for kpi in undecided), None)
-    return undecided, samples, stats.unresolved(best, task_limits)
+    return undecided, samples, stats.unresolved(best, undecided_limits)
 
 
 def candidate_recipes(mode: str, base: QuantRecipe) -> list[QuantRecipe]:
@@ -358,10 +358,7 @@ def sweep(model: Path, dataset: Dataset, reference: list[Feed], runner: DeviceRu
                    "candidates_from_cache": sum(bool(c.kpis.get("cached")) for c in candidates),
                    "parallel_workers": workers, "wall_s": time.perf_counter() - start}
     if best is not None:
-        for name in ("task_metric_name", "task_metric", "float_task_metric", "task_metric_drop", "task_metric_ratio",
-                     "cosine_similarity", "sqnr_db", "intervals"):
-            if name in best.kpis or name != "task_metric_ratio":  # the ratio: with an evaluation section only
-                report.kpis[name] = best.kpis.get(name)
+        report.kpis.update(headline_kpis(best.kpis))
     report.kpis["candidates_undecided"] = sum(c.undecided for c in candidates)
     report.limits = accuracy_limits(thresholds)
     report.tables["candidates"] = [c.summary() for c in candidates]
@@ -382,20 +379,24 @@ def sweep(model: Path, dataset: Dataset, reference: list[Feed], runner: DeviceRu
     return report, candidates
 
 
+def headline_kpis(kpis: dict[str, Any]) -> dict[str, Any]:
+    """Return the accuracy KPIs a sweep report carries from one candidate's (the best's, or PTQ's when the sweep
+    did not run): the task metric, its drop (and ratio, with an evaluation section only), cosine, SQNR, intervals."""
+    return {name: kpis.get(name) for name in ("task_metric_name", "task_metric", "float_task_metric",
+                                               "task_metric_drop", "task_metric_ratio", "cosine_similarity",
+                                               "sqnr_db", "intervals")
+            if name in kpis or name != "task_metric_ratio"}
+
+
 def _sweep_not_run(mode: str, samples: int, ptq_result: Candidate, thresholds: Thresholds,
                    why: tuple[list[str], int | None, list[str]]) -> StepReport:
     """Return the inconclusive report of a sweep whose candidates no evaluation here could decide (PTQ's KPIs)."""
     undecided, _, sentences = why
     report = StepReport("sweep")
     report.limits = accuracy_limits(thresholds)
-    k = ptq_result.kpis
     report.kpis = {"mode": mode, "runtime": "htp", "samples": samples, "candidates": [], "best": None,
                    "best_meets_kpi": False, "candidates_meeting_kpi": 0, "candidates_failed": 0,
-                   "candidates_undecided": 0, "search": "not run",
-                   **{name: k.get(name) for name in ("task_metric_name", "task_metric", "float_task_metric",
-                                                     "task_metric_drop", "task_metric_ratio", "cosine_similarity",
-                                                     "sqnr_db", "intervals")
-                      if name in k}}
+                   "candidates_undecided": 0, "search": "not run", **headline_kpis(ptq_result.kpis)}
     report.inconclusive.append(
         f"the '{mode}' sweep did not run: on {samples} evaluation samples even a model identical to float leaves "
         f"{', '.join(undecided)} undecided, so no candidate could be shown to meet it (PTQ's {ptq_result.name} "
