@@ -1,7 +1,10 @@
-"""onnxruntime session options for the harness's host-side sessions (references, QDQ emulation, calibration)."""
+"""How the harness's host-side work shares the cores with the device runners and HTP simulators beside it:
+onnxruntime session options for its host sessions (references, QDQ emulation, calibration), and numpy's BLAS on
+one thread."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 
@@ -16,3 +19,15 @@ def host_session_options() -> Any:
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     so.add_session_config_entry("session.inter_op.allow_spinning", "0")
     return so
+
+
+@functools.cache
+def blas_on_one_thread() -> None:
+    """Limit numpy's BLAS (OpenBLAS) to one thread in this process, once; return None. Its second thread busy-waits
+    between calls: the comparisons of a detector's 22 M activation values (cosine, SQNR: dot products) took 4-5x the
+    CPU time with two threads as with one (error isolation on ppocrv5_det, 2 cores), CPU the simulator on the other
+    core needed. The harness's host arithmetic is memory-bound dot products and small matrices, which one thread
+    serves as fast."""
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(1, user_api="blas")

@@ -9,7 +9,7 @@ def as_flat(x) -> np.ndarray:
     """Return x (a tensor, or a list of tensors such as one per sample) as one flat float64 vector (x itself when it
     is one already): flatten once, then pass it to several metrics."""
     if isinstance(x, (list, tuple)):
-        return np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in x]) if x else np.zeros(0)
+        return np.concatenate([np.ravel(a) for a in x], dtype=np.float64) if x else np.zeros(0)  # converted once
     return np.asarray(x, dtype=np.float64).ravel()
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from harness.cache import ArtifactCache
+from harness.host_sessions import blas_on_one_thread
 from harness.models import Thresholds
 from harness.runner.client import DeviceRunner
 from harness.target import Target
@@ -44,6 +45,7 @@ class PipelineBase:
         self.cache = cache
         self.validation = validation or ValidationOptions()
         self._memo: dict[str, Any] = {}
+        blas_on_one_thread()  # the host's arithmetic leaves the cores to the device runners (harness.host_sessions)
 
     @property
     def thresholds(self) -> Thresholds:
