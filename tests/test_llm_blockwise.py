@@ -60,6 +60,9 @@ def test_lpbq_is_the_ep_s_pattern_and_computes_what_its_encoding_says(tmp_path):
     encodings = prequantized.read_encodings(model)
     assert {e.kind for e in encodings} == {"weight", "block_scale"}
     assert prequantized.htp_problems(encodings) == []
+    floats = prequantized.float_form(model)  # its float model: the block-wise weight dequantized
+    assert [n.op_type for n in floats.graph.node] == ["MatMul"]
+    np.testing.assert_array_equal(numpy_helper.to_array(floats.graph.initializer[0]), dequantized)
 
 
 def _dequantize_per_channel(weight: np.ndarray) -> np.ndarray:

@@ -13,7 +13,9 @@ CPU run of the same QDQ graph to 80 dB, every node on the HTP with CPU fallback 
 as 4-bit block scales: 1..16 agree with the host, 20 and above gave garbage (-8 dB), so they stay in 1..16.
 onnxruntime's quantizer writes no block-wise DequantizeLinear; this module writes the pattern from the float
 weights, into the graph onnxruntime's quantizer made per channel (activations, KV cache and every other tensor
-keep its encodings).
+keep its encodings). MatMul weights only: the EP's Gemm form (lpbqgemm_fusion.cc) ran exact without a bias but
+24.7 dB from the host with one (the EP quantizes the float bias itself) and refused onnxruntime's int32 bias
+DequantizeLinear, so a Gemm (a linear layer with a bias, after the conversion) keeps its per-channel weights.
 """
 
 from __future__ import annotations

@@ -272,6 +272,7 @@ def float_form(model: onnx.ModelProto) -> onnx.ModelProto:
         if node.op_type == "DequantizeLinear" and all(i in consts for i in node.input if i) \
                 and node.output[0] not in outputs:
             new_inits.append(numpy_helper.from_array(_dequantize(node, consts), node.output[0]))
+            consts[node.output[0]] = new_inits[-1]  # a DQ computing another's scales (LPBQ) folds first
             drop.add(id(node))
         elif node.op_type == "QuantizeLinear" and node.output[0] not in outputs:
             deqs = consumers.get(node.output[0], [])
