@@ -6,6 +6,7 @@ each w4a16 form on the host (onnxruntime's CPU run of the QDQ graph) and, with -
 (CPU fallback disabled), with the ratio to float.
 
     python benchmarks/bench_llm_blockwise.py [--model tiny_gpt | SPEC.yaml] [--blocks 64 32] [--windows 48] [--htp]
+                                             [--search-too]
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, nargs="+", default=[64, 32])
     parser.add_argument("--windows", type=int, default=None, help="held-out windows (default: the spec's)")
     parser.add_argument("--htp", action="store_true", help="also on the HTP simulator (slow for real models)")
+    parser.add_argument("--search-too", action="store_true",
+                        help="also each block size with least-squares block scales (', lsq': lpbq_encode's search)")
     parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE_DIR)
     args = parser.parse_args()
 
@@ -60,7 +63,10 @@ def main() -> None:
             per_channel = onboarding.llm_quantized("w4a16")
             forms = {"per channel": per_channel.prefill}
             for block in args.blocks:
-                forms[f"LPBQ block {block}"] = blockwise.lpbq_graph(per_channel.prefill, floats.prefill, block, cache)
+                forms[f"LPBQ {block}"] = blockwise.lpbq_graph(per_channel.prefill, floats.prefill, block, cache)
+                if args.search_too:
+                    forms[f"LPBQ {block}, lsq"] = blockwise.lpbq_graph(per_channel.prefill, floats.prefill, block,
+                                                                       cache, search=True)
             base = host_nll(floats.prefill, windows)["perplexity"]
             print(f"{args.model}: {len(windows)} windows x {windows.shape[1]} tokens; float perplexity {base:.4f}")
             print(f"{'w4a16 weights':>18} {'host QDQ':>10} {'/float':>7} {'HTP':>10} {'/float':>7} {'HTP s':>7}")

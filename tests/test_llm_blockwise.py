@@ -38,7 +38,7 @@ def test_lpbq_is_the_ep_s_pattern_and_computes_what_its_encoding_says(tmp_path):
     weight = (rng.standard_normal((128, 48)) * np.exp(rng.standard_normal((128, 1)))).astype(np.float32)
     q, ints, channel = blockwise.lpbq_encode(weight, 32)
     assert q.min() >= -8 and q.max() <= 7 and ints.shape == (4, 48) and channel.shape == (48,)
-    assert ints.min() >= 1 and ints.max() == blockwise.BLOCK_SCALE_MAX  # each channel's largest block uses all 4 bits
+    assert ints.min() >= 1 and ints.max() <= blockwise.BLOCK_SCALE_MAX  # the HTP reads them as 4 bits
     dequantized = q * np.repeat(ints * channel, 32, axis=0)
     per_channel_error = np.abs(_dequantize_per_channel(weight) - weight).mean()
     assert np.abs(dequantized - weight).mean() < 0.8 * per_channel_error  # blocks follow the rows' magnitudes
