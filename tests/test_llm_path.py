@@ -130,6 +130,21 @@ def test_an_8_bit_kv_cache_halves_the_cache_and_keeps_the_htp_perplexity(run_sui
     assert genie["kpis"]["decode_kv_bytes_per_token"] == f8["kv_cache_bytes"]
 
 
+def test_llm_weight_block_size_makes_w4a16_block_wise_in_the_sweep(run_suites, user_pair):
+    # llm.weight_block_size: 16 re-encodes w4a16's MatMul weights as LPBQ (the pair's LM head: its other linear
+    # layers have biases, Gemm after conversion, kept per channel); the HTP runs it with CPU fallback disabled, at
+    # the perplexity of the host's QDQ run of the same graph
+    _, steps = run_suites("--model", str(_spec(user_pair, "lpbq16", eval_windows=8, weight_block_size=16)),
+                          "-k", "llm_accuracy")
+    # one prompt cannot resolve the greedy agreement limit: inconclusive, not failed
+    assert steps["llm_accuracy"]["outcome"] in ("passed", "inconclusive")
+    acc = steps["llm_accuracy"]["kpis"]
+    assert acc["four_bit_weight_encoding"] == {"recipe": "w4a16", "form": "block-wise (LPBQ), 16 rows per block",
+                                               "lpbq_weights": 1}
+    w4 = acc["sweep"]["w4a16"]
+    assert w4["perplexity_htp"] == pytest.approx(w4["perplexity_qdq_host"], rel=0.02)
+
+
 def test_a_pair_out_of_genie_convention_names_the_tensor_and_layout(run_suites, user_pair):
     result, steps = run_suites("--model", str(_spec(user_pair, "swapped", decode="prefill.onnx")), "-k", "llm_conversion")
     result.assert_outcomes(failed=1)

@@ -14,7 +14,7 @@ import onnx
 from harness import model_sources
 from harness.cache import content_key
 from harness.errors import ConfigError, ModelError, StepError
-from harness.llm import calibration, ceiling, convention, genie_steps, importer, reference, steps, text
+from harness.llm import blockwise, calibration, ceiling, convention, genie_steps, importer, reference, steps, text
 from harness.llm.device import FloatJudge
 from harness.llm.genie_config import write_bundle
 from harness.llm.steps import GRAPHS, Pair
@@ -110,14 +110,19 @@ class LlmOnboarding(PipelineBase):
             raise ConfigError(f"calibration text {files.calib_text}: {e}") from None
 
     def llm_quantized(self, recipe: str) -> Pair:
-        """The pair quantized with `recipe` (w8a16, w8a8, w4a16) and the encodings both graphs share."""
+        """The pair quantized with `recipe` (w8a16, w8a8, w4a16) and the encodings both graphs share; with the
+        spec's llm.weight_block_size, w4a16's linear weights block-wise (LPBQ) instead of per output channel."""
         key = f"llm_quantized_{recipe}"
         if key not in self._memo:
             cal, floats = self.llm_calibration(), self.llm_float_pair()
             files = self.llm_files()
             quant = calibration.pair_recipe(recipe, cal, self.llm_pair(), floats.prefill,
                                             per_channel_weights=files.checkpoint is not None, kv_bits=files.kv_bits)
-            self._memo[key] = Pair(*(ptq.quantize(floats.graph(g), cal.feeds(g), quant, self.cache) for g in GRAPHS))
+            graphs = [ptq.quantize(floats.graph(g), cal.feeds(g), quant, self.cache) for g in GRAPHS]
+            if recipe in calibration.FOUR_BIT_WEIGHTS and files.weight_block_size:
+                graphs = [blockwise.lpbq_graph(q, floats.graph(g), files.weight_block_size, self.cache)
+                          for q, g in zip(graphs, GRAPHS)]
+            self._memo[key] = Pair(*graphs)
         return self._memo[key]
 
     @memoized
@@ -175,9 +180,15 @@ class LlmOnboarding(PipelineBase):
         windows = text.nll_windows(ids, pair.prefill_ar, files.eval_windows)
         prompts = text.prompts(files, tokenizer, pair.context_length, files.max_new_tokens)
         quantized = {name: self.llm_quantized(name) for name in calibration.LLM_RECIPES}
-        return steps.llm_accuracy(self.llm_float_pair(), quantized, self.llm_recipe, windows, prompts,
-                                  files.max_new_tokens, text.stop_id(files, tokenizer), tokenizer, self.runner,
-                                  self.target.model.thresholds)
+        report = steps.llm_accuracy(self.llm_float_pair(), quantized, self.llm_recipe, windows, prompts,
+                                    files.max_new_tokens, text.stop_id(files, tokenizer), tokenizer, self.runner,
+                                    self.target.model.thresholds)
+        four_bit = next(iter(calibration.FOUR_BIT_WEIGHTS))
+        lpbq = blockwise.lpbq_weights(onnx.load(str(quantized[four_bit].prefill), load_external_data=False))
+        report.kpis["four_bit_weight_encoding"] = {
+            "recipe": four_bit, "form": f"block-wise (LPBQ), {files.weight_block_size} rows per block" if lpbq
+            else "per output channel", "lpbq_weights": len(lpbq)}
+        return report
 
     @memoized
     def llm_context_binaries(self) -> dict[str, context_binary.ContextBinary]:

@@ -141,8 +141,8 @@ def llm_accuracy(float_pair: Pair, quantized: dict[str, Pair], shipped: str, win
         "perplexity_htp": ship["perplexity_htp"], "perplexity_increase": ship["perplexity_increase"],
         "host_htp_perplexity_gap": abs(ship["perplexity_htp"] - ship["perplexity_qdq_host"]) / ship["perplexity_qdq_host"],
         **agreements[shipped], "greedy_tie_margin": thresholds.greedy_tie_margin,
-        "sweep": {r["recipe"]: {"perplexity_htp": r["perplexity_htp"], "greedy_agreement": r["greedy_agreement"]}
-                  for r in rows},
+        "sweep": {r["recipe"]: {"perplexity_htp": r["perplexity_htp"], "perplexity_qdq_host": r["perplexity_qdq_host"],
+                                "greedy_agreement": r["greedy_agreement"]} for r in rows},
         "source": latency_source("htp", runner.device_platform()[0]),
     }
     # tokens of one prompt are not independent (a prompt that leaves the float path early loses the rest): the

@@ -53,6 +53,13 @@ VALID_BITWIDTHS = (4, 8, 16, 32)
 METADATA_KEYS = ("version", "producer", "quantizer_args", "excluded_layers", "metadata")  # read, not applied
 _BLOCK_TYPES = {"PER_BLOCK", "LPBQ", "VECTOR"}  # 1.0.0 enc_type values with no onnxruntime QDQ equivalent
 _BLOCK_FIELDS = ("block_size", "per_block_int_scale", "per_channel_float_scale")  # 2.x blockwise / LPBQ
+# What an encodings file's block-wise entries get instead (measured, onnxruntime-qnn 2.7.0 on the HTP simulator)
+BLOCKWISE_REFUSAL = (
+    "onnxruntime's QDQ quantizer, which applies these encodings, writes no block-wise DequantizeLinear. The QNN EP "
+    "(onnxruntime-qnn 2.7.0) was measured running 4-bit block-wise MatMul weights on the HTP as LPBQ from the "
+    "pattern DequantizeLinear(uint8 per-block integers 1..16, per-channel float scale, axis=1) -> "
+    "DequantizeLinear(int4 weight, those scales, block_size >= 16) -> MatMul; the harness writes it for an LLM's "
+    "w4a16 recipe (llm.weight_block_size), not from an encodings file: export these weights per-channel")
 
 
 @dataclass(frozen=True)
@@ -286,8 +293,7 @@ def _parse_v1_list(entries: list, where: str, kind: str) -> dict[str, list[Encod
         bitwidth = _check_bitwidth(entry.get("bw", entry.get("bitwidth")), at, kind)
         enc_type = str(entry.get("enc_type", "PER_TENSOR")).upper()
         if enc_type in _BLOCK_TYPES:
-            raise ConfigError(f"{at}: enc_type {enc_type} (blockwise) is not supported: onnxruntime's QDQ "
-                              "quantizer has no blockwise DequantizeLinear for the HTP; export per-channel")
+            raise ConfigError(f"{at}: enc_type {enc_type} (blockwise) is not supported: {BLOCKWISE_REFUSAL}")
         if enc_type not in {"PER_TENSOR", "PER_CHANNEL"}:
             raise ConfigError(f"{at}: enc_type {entry.get('enc_type')!r} is not PER_TENSOR or PER_CHANNEL")
         if "scale" not in entry or "offset" not in entry:
@@ -322,8 +328,7 @@ def _parse_v2(entries: Any, source: str, version: str) -> Encodings:
         if not isinstance(dtype, str):
             raise ConfigError(f"{at}: needs 'output_dtype' such as \"uint8\", \"int4\" or \"uint16\"")
         if any(k in entry for k in _BLOCK_FIELDS):
-            raise ConfigError(f"{at}: blockwise / LPBQ encodings are not supported: onnxruntime's QDQ "
-                              "quantizer has no blockwise DequantizeLinear for the HTP; export per-channel")
+            raise ConfigError(f"{at}: blockwise / LPBQ encodings are not supported: {BLOCKWISE_REFUSAL}")
         signed = dtype.startswith("int")
         bits = dtype[3:] if signed else dtype[4:] if dtype.startswith("uint") else ""
         if not bits.isdigit():

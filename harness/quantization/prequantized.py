@@ -58,7 +58,7 @@ class TensorEncoding:
     """The encoding of one quantized tensor of a model: real = (q - zero_point) * scale."""
 
     tensor: str  # the float tensor's name (a DequantizeLinear output for weights)
-    kind: str  # 'activation' | 'weight' | 'bias'
+    kind: str  # 'activation' | 'weight' | 'bias' | 'block_scale' (LPBQ's per-block integers)
     dtype: str  # 'uint8', 'int8', 'uint16', 'int16', 'uint4', 'int4', 'int32', ... ('float8e4m3fn', ...)
     bits: int  # 0 for a non-integer type
     signed: bool
@@ -192,11 +192,14 @@ def read_encodings(model: onnx.ModelProto) -> list[TensorEncoding]:
             if node.op_type == "QuantizeLinear" and after:
                 after = consumers.get(after[0][0].output[0], [])
             kind = "bias" if bits == 32 else "weight"
+            if after and after[0][0].op_type == "DequantizeLinear" and after[0][1] == 1:
+                kind = "block_scale"  # LPBQ: integers dequantized per channel into a block-wise weight's scales
             if after:
                 consumer = f"{after[0][0].op_type} {after[0][0].name}"
                 output_axis = aimet_channel_axis(after[0][0], after[0][1], rank)
         result.append(TensorEncoding(
-            data, kind, dtype, bits, signed, float(np.nanmin(scale)), float(np.nanmax(scale)),
+            data, kind, dtype, bits, signed, *((float(np.nanmin(scale)), float(np.nanmax(scale)))
+                                               if not np.isnan(scale).all() else (np.nan, np.nan)),
             tuple(sorted({int(z) for z in zero.ravel()})), axis, int(scale.size), int(_attr(node, "block_size", 0)),
             consumer, output_axis))
     return result
@@ -217,9 +220,12 @@ def htp_problems(encodings: list[TensorEncoding]) -> list[str]:
                             "weights only symmetric (zero point 0); quantize them symmetric, or as unsigned")
         elif e.kind == "weight" and e.axis is not None and not (e.signed and e.symmetric):
             problems.append(f"{what}: the HTP takes per-channel weights only signed and symmetric (zero point 0)")
-        elif e.block_size:
-            problems.append(f"{what}: blockwise quantization (block_size {e.block_size}) has no QDQ form the "
-                            "QNN EP takes; quantize per channel")
+        elif e.block_size and not (e.consumer.startswith("MatMul ") and e.bits == 4 and e.signed and e.symmetric
+                                   and e.block_size >= 16):
+            problems.append(f"{what}: blockwise quantization (block_size {e.block_size}): block-wise weights are "
+                            "taken only in the form measured on the HTP with onnxruntime-qnn 2.7.0: int4, "
+                            "symmetric, block_size >= 16 (8 gave wrong results), feeding a MatMul; quantize this "
+                            "one per channel")
         if e.kind == "weight" and e.axis is not None and e.output_axis not in (None, e.axis):
             problems.append(f"{what}: quantized per channel on axis {e.axis}, but {e.consumer} has its output "
                             f"channels on axis {e.output_axis}: the HTP quantizes weights per output channel")
@@ -266,6 +272,7 @@ def float_form(model: onnx.ModelProto) -> onnx.ModelProto:
         if node.op_type == "DequantizeLinear" and all(i in consts for i in node.input if i) \
                 and node.output[0] not in outputs:
             new_inits.append(numpy_helper.from_array(_dequantize(node, consts), node.output[0]))
+            consts[node.output[0]] = new_inits[-1]  # a DQ computing another's scales (LPBQ) folds first
             drop.add(id(node))
         elif node.op_type == "QuantizeLinear" and node.output[0] not in outputs:
             deqs = consumers.get(node.output[0], [])
