@@ -71,6 +71,7 @@ class Expect:
     # PTQ's verdict must be decided (passed or failed on at least the samples a verdict needs): the evaluation count
     # never falls below them (harness.sizing.MIN_EVAL_SAMPLES), and this model's 8-bit loss is far from the limit
     decides_ptq: bool = False
+    recovers: bool = False  # the precision search ends with a configuration meeting the KPI (the cheapest it found)
 
     def on(self, soc: str) -> "Expect":
         """Return the expectation on soc: fails with that SoC's fails_on added."""
@@ -130,8 +131,11 @@ EXPECT: dict[str, Expect] = {
     # on seals at 256x256 (at 128x128, or on plain text, its probability map is ~0 and cosine meaningless):
     # the loss starts at an SE block's Conv after GlobalAveragePool, alike on the HTP and in host QDQ emulation
     # (divergence_cause 'quantization'); over all 16 seals PTQ's cosine is 0.73 (0.78 on the fewer samples an
-    # earlier, slower cost measurement allowed, 0.68 on 3 in a loaded CI run)
-    "ocrv4_seal_det": Expect(may_fail=PRECISION, min_ptq_cosine=0.7),
+    # earlier, slower cost measurement allowed, 0.68 on 3 in a loaded CI run). On the 5 seals the corpus budget
+    # evaluates, PTQ fails decisively (0.78 [0.59, 0.91]), the sweep's best a16w8 0.89 [0.81, 0.93] too (no promotion
+    # from a 16-bit start), and FP16 on the HTP meets the KPI (0.9994 [0.9988, 0.9998]; its simulated latency 10x
+    # the 8-bit model's): FP16 ships
+    "ocrv4_seal_det": Expect(may_fail=PRECISION, min_ptq_cosine=0.7, decides_ptq=True, recovers=True),
     # PicoDet with BatchNormalization folded into its convs: 8-bit per-tensor weights lose most (a8w8 0.74,
     # per-channel weights 0.84, 16-bit activations 0.79, mixed precision 0.86); host QDQ emulation loses the
     # same where the loss starts (a Conv: 0.64 there, 0.64 on the HTP), so precision, not a graph error. On the 5
@@ -297,6 +301,8 @@ def check_precision_search(where: str, got: dict, soc: str, expect: Expect) -> N
         assert ptq["outcome"] in ("passed", "failed") and ptq["kpis"]["samples"] >= MIN_BOOTSTRAP_SAMPLES, \
             f"{where}: PTQ undecided: {ptq['outcome']} on {ptq['kpis'].get('samples')} samples: {ptq['message']}"
     k = mixed["kpis"] or {}
+    if expect.recovers:
+        assert mixed["outcome"] == "passed" and k.get("met_threshold"), f"{where}: nothing meets the KPI: {k}"
     if mixed["outcome"] not in ("failed", "inconclusive", "passed") or not k:
         return
     if k.get("search") == "not run":
