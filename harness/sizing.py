@@ -6,7 +6,8 @@ precision step, runtime), and on the HTP simulator a real model takes from milli
 seconds per inference. So the pipeline times the default 8-bit model on the device (the
 faster of two inferences, so that a load spike on a busy host does not shrink the set; cached per
 model, data and device, so a re-run picks the same count and reuses its artifacts) and evaluates
-on as many samples as fit in EVAL_BUDGET_S per pass, at least MIN_EVAL_SAMPLES; Step 7's
+on as many samples as fit in EVAL_BUDGET_S per pass, at least MIN_EVAL_SAMPLES (the fewest on which any verdict
+is possible: fewer would make every step of a slow model inconclusive by construction); Step 7's
 validation_accuracy, one pass, gets VALIDATION_BUDGET_S. Labelled data sets (the zoo's) are never cut: their task metric needs them. The count decides what the accuracy limits
 can resolve (harness.stats: 189 samples resolve a 0.02 drop of an agreement with none changed), and
 the data set's description says it before any step runs.
@@ -30,7 +31,7 @@ from harness.data import Feed, feeds_digest
 from harness.errors import ConfigError
 from harness.runner.client import DeviceRunner
 from harness.runner.device_runner import RUNNER_VERSION
-from harness.stats import resolvable_drop
+from harness.stats import MIN_BOOTSTRAP_SAMPLES, resolvable_drop
 
 EVAL_BUDGET_ENV = "HARNESS_EVAL_BUDGET_S"
 VALIDATION_BUDGET_ENV = "HARNESS_VALIDATION_BUDGET_S"
@@ -57,7 +58,9 @@ VALIDATION_BUDGET_S = budget_from_env(VALIDATION_BUDGET_ENV, 30.0)
 BUDGETS_FROM_ENV = {name: value for name, value in ((EVAL_BUDGET_ENV, EVAL_BUDGET_S),
                                                      (VALIDATION_BUDGET_ENV, VALIDATION_BUDGET_S))
                     if os.environ.get(name, "").strip()}  # the budgets this run set, named in the descriptions
-MIN_EVAL_SAMPLES = 2
+# fewer evaluation samples than a verdict needs decide nothing (harness.stats.bootstrap: below MIN_BOOTSTRAP_SAMPLES
+# every KPI's interval spans its whole range), so a slow model gets at least that many, whatever its cost
+MIN_EVAL_SAMPLES = MIN_BOOTSTRAP_SAMPLES
 COST_REPEATS = 2  # inferences timed for a model's cost; the fastest counts (harness.sizing.measure_inference)
 # onnxruntime's calibrators keep every intermediate tensor of every calibration sample in memory
 # before computing ranges (the histogram ones always; MinMax by default), and the sweep runs two

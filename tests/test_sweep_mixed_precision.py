@@ -446,6 +446,16 @@ def test_a_search_that_no_sample_count_here_could_decide_is_not_run():
     assert reason is not None and "on 16 evaluation samples" in reason and "about 189 are needed" in reason
     report = mp.mixed_precision(Path("unused.onnx"), None, [], None, thresholds, None, start, [], best_case=best)
     assert report.status == "inconclusive" and report.kpis["search"] == "not run" and "model" not in report.artifacts
+    # a start with a model (the sweep's best, 16-bit activations) is what the step offers, undecided, with its latency
+    # against the fastest 8-bit candidate's: it ships when PTQ failed decisively (harness.pipeline's deployable)
+    a16 = Candidate(QuantRecipe(activation_type="QUInt16"), Path("a16.onnx"),
+                    {**kpis, "htp_latency_ms": 30.0, "latency_source": "simulator"}, undecided=True)
+    a8 = Candidate(QuantRecipe(), Path("a8.onnx"), {**kpis, "htp_latency_ms": 10.0, "latency_source": "simulator"})
+    offered = mp.mixed_precision(Path("unused.onnx"), None, [], None, thresholds, None, a16, [], best_case=best,
+                                 pool=[a8])
+    assert offered.kpis["search"] == "not run" and offered.kpis["undecided"] and offered.artifacts["model"] == a16.model
+    assert offered.kpis["precision"] == "a16" and offered.kpis["eight_bit_candidate"] == a8.name
+    assert offered.kpis["latency_vs_8bit"] == 3.0 and "3x, simulator" in " ".join(offered.notes)
     # the sweep, from PTQ's result, evaluates no candidate either (each would be undecided), and says why
     from types import SimpleNamespace
 

@@ -221,12 +221,14 @@ def mixed_precision(model: Path, dataset: Dataset, reference: list[Feed], runner
 
     best_case holds the KPIs a candidate identical to float gets on these samples (ptq.best_case): when the start
     is undecided only on task-metric limits that even it leaves undecided, no candidate could be shown to meet
-    the KPI, so the search is not run and the step is inconclusive, saying how many samples would decide."""
+    the KPI, so the search is not run and the step is inconclusive, saying how many samples would decide; it offers
+    the start's model (undecided, with its latency against the fastest 8-bit candidate's), which ships when PTQ
+    failed decisively."""
     if not start.kpis and start.error is None:
         start = evaluate_recipe(start.recipe, model, dataset, reference, runner, thresholds, cache)
     futile = unresolvable_search(start, thresholds, best_case)
     if futile is not None:
-        return _search_not_run(start, thresholds, futile)
+        return _search_not_run(start, thresholds, futile, pool)
     search = precision.SearchBudget(budget_s)
     best = start
     pool = [c for c in pool if c is not best]
@@ -329,6 +331,8 @@ def mixed_precision(model: Path, dataset: Dataset, reference: list[Feed], runner
         "candidates_meeting_kpi": sum(c.meets for c in evaluated), "precision_budget_s": budget_s,
         "search_s": search.spent_s(), "untried": list(search.untried),
         "fp16": _fp16_kpis(fp16, evaluated), "fp16_estimate": fp16_estimate,
+        **{key: value for key, value in _latency_against_8bit(final, evaluated).items()
+           if key in ("eight_bit_candidate", "eight_bit_latency_ms", "latency_vs_8bit")},
     }
     evidence = _evidence(final, fp16, evaluated, effects, units, model, dataset, runner, cache, thresholds, report)
     if effects:
@@ -445,8 +449,10 @@ def unresolvable_search(start: Candidate, thresholds: Thresholds, best_case: dic
             f"start recipe {start.name} fails no limit): " + "; ".join(sentences))
 
 
-def _search_not_run(start: Candidate, thresholds: Thresholds, reason: str) -> StepReport:
-    """Return the inconclusive report of a search that could decide nothing: the start's KPIs, no model."""
+def _search_not_run(start: Candidate, thresholds: Thresholds, reason: str, pool: list[Candidate] = ()) -> StepReport:
+    """Return the inconclusive report of a search that could decide nothing: the start's KPIs, and its model when it
+    has one (the best candidate evaluated, undecided: what ships when PTQ failed decisively, harness.pipeline's
+    deployable), with its precision and its HTP latency against the fastest 8-bit candidate's (pool: the sweep's)."""
     report = StepReport("mixed_precision")
     report.limits = accuracy_limits(thresholds)
     k = start.kpis
@@ -457,7 +463,28 @@ def _search_not_run(start: Candidate, thresholds: Thresholds, reason: str) -> St
                    **_ratio(k),
                    "intervals": k.get("intervals")}
     report.inconclusive.append(reason)
+    if start.model is not None and start.error is None:
+        cost = _latency_against_8bit(start, [start, *pool])
+        report.kpis.update(cost)
+        report.artifacts["model"] = start.model
+        against = (f"; HTP latency {cost['htp_latency_ms']:.3g} ms against {cost['eight_bit_candidate']}'s "
+                   f"{cost['eight_bit_latency_ms']:.3g} ms ({cost['latency_vs_8bit']:.2g}x, {cost['latency_source']})"
+                   if cost["latency_vs_8bit"] else "")
+        report.notes.append(f"the best candidate evaluated, {start.name} ({cost['precision']}), is the model this "
+                            f"step offers, undecided: it ships when PTQ's failed decisively{against}")
     return report
+
+
+def _latency_against_8bit(candidate: Candidate, evaluated: list[Candidate]) -> dict[str, Any]:
+    """Return candidate's precision and HTP latency beside the fastest 8-bit candidate's (its name, latency and the
+    ratio; None where a latency is unknown), as the report of the model the search offers carries them."""
+    eight = _fastest_quantized([c for c in evaluated if c.precision == "a8"])
+    latency = candidate.kpis.get("htp_latency_ms")
+    base = eight.kpis["htp_latency_ms"] if eight is not None else None
+    return {"precision": candidate.precision, "htp_latency_ms": latency,
+            "latency_source": candidate.kpis.get("latency_source"), "model_bytes": candidate.kpis.get("model_bytes"),
+            "eight_bit_candidate": eight.name if eight is not None else None, "eight_bit_latency_ms": base,
+            "latency_vs_8bit": latency / base if latency and base else None}
 
 
 def _pct(value: float | None, start: float | None) -> float | None:
