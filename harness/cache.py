@@ -15,7 +15,7 @@ from typing import Any, Callable
 from filelock import FileLock
 
 from harness.cache_check import damage, is_sealed, seal
-from harness.files import sha256_file
+from harness.files import content_digest
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ def content_key(*parts: Any) -> str:
     h = hashlib.sha256()
     for part in parts:
         if isinstance(part, Path):
-            h.update(sha256_file(part).encode())
+            h.update(content_digest(part).encode())
         else:
             h.update(json.dumps(part, sort_keys=True, default=str).encode())
         h.update(b"\0")

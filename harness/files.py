@@ -4,6 +4,7 @@ copied the same way, and hashed."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import shutil
@@ -61,3 +62,18 @@ def sha256_file(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def content_digest(path: Path) -> str:
+    """Return sha256_file(path), computed once per version of the file (its inode, size and modification time:
+    the harness writes files by rename, so a rewrite is a new version), for keys that name a file by content (the
+    artifact cache's, a pushed model's): the precision search keys every candidate by the same float model (90 MB
+    for paraphrase_minilm, 0.2-0.3 s each). A check that a file is intact (harness.cache_check) reads it anew with
+    sha256_file."""
+    st = os.stat(path)
+    return _digest_of_version(os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4096)
+def _digest_of_version(path: str, inode: int, size: int, mtime_ns: int) -> str:
+    return sha256_file(Path(path))

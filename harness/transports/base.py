@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ContextManager
 
 from harness.errors import DeviceLostError, DeviceTimeoutError, TransportError
-from harness.files import sha256_file
+from harness.files import content_digest
 
 if TYPE_CHECKING:
     from harness.devices import DeviceSpec, SocSpec
@@ -219,7 +219,7 @@ class Transport(abc.ABC):
         pairs = ([(local, remote)] if local.is_file() else
                  [(p, f"{remote}/{p.relative_to(local).as_posix()}") for p in sorted(local.rglob("*")) if p.is_file()])
         remote_hashes = self.sha256_many([dst for _, dst in pairs]) if pairs else {}
-        local_hashes = {dst: sha256_file(src) for src, dst in pairs}
+        local_hashes = {dst: content_digest(src) for src, dst in pairs}
         todo = [(src, dst) for src, dst in pairs if remote_hashes.get(dst) != local_hashes[dst]]
         if todo:
             self._push_files(todo)
