@@ -14,7 +14,7 @@ import json
 import os
 from pathlib import Path
 
-from harness.files import replacing, sha256_file
+from harness.files import content_digest, replacing, sha256_file
 
 MANIFEST = ".cache-manifest.json"
 FULL_CHECK_BYTES = 1 << 20  # files up to this size are hashed on every read
@@ -23,7 +23,7 @@ FULL_CHECK_BYTES = 1 << 20  # files up to this size are hashed on every read
 def seal(directory: Path) -> None:
     """Write the manifest of every file under directory (atomically, replacing an older one)."""
     directory = Path(directory)
-    files = {p.relative_to(directory).as_posix(): {"size": p.stat().st_size, "sha256": sha256_file(p)}
+    files = {p.relative_to(directory).as_posix(): {"size": p.stat().st_size, "sha256": content_digest(p)}
              for p in sorted(directory.rglob("*")) if p.is_file() and p.name != MANIFEST}
     with replacing(directory / MANIFEST) as tmp:
         tmp.write_text(json.dumps({"version": 1, "files": files}, indent=1) + "\n")

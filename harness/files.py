@@ -4,7 +4,6 @@ copied the same way, and hashed."""
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import os
 import shutil
@@ -71,9 +70,17 @@ def content_digest(path: Path) -> str:
     for paraphrase_minilm, 0.2-0.3 s each). A check that a file is intact (harness.cache_check) reads it anew with
     sha256_file."""
     st = os.stat(path)
-    return _digest_of_version(os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns)
+    return _digest_of_version((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), Path(path))
 
 
-@functools.lru_cache(maxsize=4096)
-def _digest_of_version(path: str, inode: int, size: int, mtime_ns: int) -> str:
-    return sha256_file(Path(path))
+_digests: dict[tuple[int, int, int, int], str] = {}
+
+
+def _digest_of_version(version: tuple[int, int, int, int], path: Path) -> str:
+    """Return the digest of the file version (device, inode, size, mtime: kept by a rename, so an entry sealed in
+    its temporary folder is known under its final name) at path, reading it the first time."""
+    if version not in _digests:
+        if len(_digests) >= 4096:
+            _digests.clear()
+        _digests[version] = sha256_file(path)
+    return _digests[version]
