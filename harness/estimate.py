@@ -7,12 +7,14 @@ It is an estimate, labelled so, and a lower bound in spirit: it ignores per-infe
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from harness.devices import SocSpec
+from harness.files import content_digest
 
 COMPUTE_UTILIZATION = 0.5  # assumed share of peak INT8 MAC throughput a real graph reaches
 BANDWIDTH_UTILIZATION = 0.7  # assumed share of peak DRAM bandwidth
@@ -51,17 +53,11 @@ def graph_cost(model_path: Path) -> GraphCost:
     Shapes come from ONNX shape inference; Quantize/DequantizeLinear nodes are not counted as
     activations (in a QDQ graph they only mark where tensors are 8-bit).
     """
-    stat = Path(model_path).stat()
-    key = (str(Path(model_path).resolve()), stat.st_mtime_ns, stat.st_size)
-    if key not in _COSTS:
-        _COSTS[key] = _graph_cost(model_path)
-    return _COSTS[key]
+    return _graph_cost(content_digest(model_path), str(model_path))
 
 
-_COSTS: dict[tuple[str, int, int], GraphCost] = {}
-
-
-def _graph_cost(model_path: Path) -> GraphCost:
+@functools.lru_cache(maxsize=64)
+def _graph_cost(digest: str, model_path: str) -> GraphCost:
     import onnx
 
     model = onnx.shape_inference.infer_shapes(onnx.load(str(model_path)))
