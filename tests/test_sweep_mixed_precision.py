@@ -37,7 +37,7 @@ def demo(tmp_path_factory, devices, sm8650_runner, cache):
 def test_candidate_matrix():
     quick = sw.candidate_recipes("quick", QuantRecipe())
     full = sw.candidate_recipes("full", QuantRecipe())
-    assert [r.name for r in quick] == ["MinMax-a8-w8-pt", "MinMax-a8-w8s-pc", "Percentile-a8-w8-pt", "MinMax-a16-w8-pt"]
+    assert [r.name for r in quick] == ["MinMax-a8-w8-pt", "MinMax-a8-w8s-pc", "Percentile-a8-w8-pt", "MinMax-a16-w8s-pc"]
     assert len(full) == len({r.name for r in full}) == 3 * 2 * 2 * 2
     assert {r.calibrate_method for r in full} == {"MinMax", "Entropy", "Percentile"}
     assert all(r.weight_type == "QInt8" for r in full if r.per_channel)  # the HTP's per-channel weights
@@ -64,7 +64,7 @@ def test_quick_sweep_ranks_candidates_run_on_the_htp(demo):
     report = demo.sweep()
     k = report.kpis
     assert report.passed and k["mode"] == "quick" and k["runtime"] == "htp"
-    assert [c["name"] for c in k["candidates"]][0] == k["best"] == "MinMax-a16-w8-pt"
+    assert [c["name"] for c in k["candidates"]][0] == k["best"] == "MinMax-a16-w8s-pc"
     assert all({"name", "task_metric", "cosine_similarity", "sqnr_db"} <= set(c) for c in k["candidates"])
     assert [c["meets_kpi"] for c in k["candidates"]] == [True, False, False, False]
     eight = [c for c in k["candidates"] if c["meets_kpi"] is False]
@@ -97,7 +97,7 @@ def test_every_candidate_failing_ends_in_a_failed_step_listing_what_was_tried(de
     impossible = Thresholds(min_sqnr_db=200.0, max_promoted_tensors=2)
     report, candidates = sw.sweep(demo.converted_model(), demo.dataset(), demo.float_reference(), sm8650_runner,
                                   impossible, cache, QuantRecipe(), "quick")
-    assert not report.passed and report.kpis["best"] == "MinMax-a16-w8-pt"
+    assert not report.passed and report.kpis["best"] == "MinMax-a16-w8s-pc"
     (failure,) = report.failures
     assert "no candidate of the 'quick' sweep met the KPI" in failure
     assert all(c.name in failure for c in candidates)
@@ -140,9 +140,9 @@ def test_the_search_ships_the_cheapest_candidate_meeting_the_kpi_and_runtime_run
     k = report.kpis
     # the best candidate of any kind is the sweep's 16-bit one; promoting from the best 8-bit one meets the KPI
     # at a lower precision, so that is what ships
-    assert k["best_candidate"] == "MinMax-a16-w8-pt" and k["precision"] == "mixed" and k["fp16"] is None
+    assert k["best_candidate"] == "MinMax-a16-w8s-pc" and k["precision"] == "mixed" and k["fp16"] is None
     rows = report.tables["precision_pareto"]
-    assert {r["candidate"] for r in rows} >= {"MinMax-a16-w8-pt", "MinMax-a8-w8-pt", k["final_recipe"]}
+    assert {r["candidate"] for r in rows} >= {"MinMax-a16-w8s-pc", "MinMax-a8-w8-pt", k["final_recipe"]}
     assert all(r["latency_source"] == "simulator" and r["htp_latency_ms"] > 0 and r["context_bytes"] > 0
                for r in rows)
     (chosen,) = [r for r in rows if r["chosen"]]
@@ -195,7 +195,7 @@ def test_the_budget_bounds_the_search_and_names_what_it_left_untried(demo, cache
     report = mp.mixed_precision(demo.converted_model(), demo.dataset(), demo.float_reference(), sm8650_runner,
                                 demo.thresholds, cache, start, units, pool=pool, soc=demo.target.soc, budget_s=1e-9)
     assert report.kpis["untried"] == ["measuring the promotion units"] and report.kpis["units_measured"] == 0
-    assert report.kpis["final_recipe"] == "MinMax-a16-w8-pt" and report.kpis["met_threshold"]  # what was evaluated
+    assert report.kpis["final_recipe"] == "MinMax-a16-w8s-pc" and report.kpis["met_threshold"]  # what was evaluated
     assert any("--precision-budget-s" in n and "measuring the promotion units" in n for n in report.notes)
 
 

@@ -3,6 +3,7 @@ onnxruntime's QDQ quantizer, checked against the model being quantized."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -11,6 +12,7 @@ import numpy as np
 
 from harness.cache import ArtifactCache, content_key
 from harness.errors import ConfigError, ModelError
+from harness.files import content_digest
 from harness.quantization.encodings import ACTIVATION_BITWIDTHS, BIAS_BITWIDTH, Encoding, Encodings, parse_encodings
 
 if TYPE_CHECKING:
@@ -180,15 +182,43 @@ def _channel_axis(name: str, dims: tuple[int, ...], encs: list[Encoding], consum
 
 def recipe_overrides(model: Path, encodings: dict, encodings_file: str,
                      tensor_overrides: dict[str, list[dict[str, Any]]],
-                     activation_type: str = "QUInt8") -> dict[str, list[dict[str, Any]]]:
-    """Return onnxruntime tensor overrides for a recipe: its QAIRT encodings (checked against model),
-    then its own tensor overrides on top. Raises ConfigError naming bad entries."""
-    plain: dict[str, list[dict[str, Any]]] = {}
+                     activation_type: str = "QUInt8", weight_type: str = "QUInt8") -> dict[str, list[dict[str, Any]]]:
+    """Return onnxruntime tensor overrides for a recipe: what the HTP needs of its weights (htp_weight_overrides),
+    then its QAIRT encodings (checked against model), then its own tensor overrides on top. Raises ConfigError
+    naming bad entries."""
+    plain: dict[str, list[dict[str, Any]]] = htp_weight_overrides(model, weight_type)
     if encodings:
         parsed = parse_encodings(encodings, encodings_file or "quantization overrides")
         plain.update(to_tensor_overrides(parsed, Path(model), activation_type).tensor_overrides)
     plain.update(tensor_overrides)
     return ort_overrides(plain)
+
+
+def htp_weight_overrides(model: Path, weight_type: str) -> dict[str, list[dict[str, Any]]]:
+    """Return the overrides keeping every LayerNormalization's constant scale unsigned and asymmetric at 8 bits when
+    the recipe's weights are signed 8-bit ({} otherwise).
+
+    Signed 8-bit weights (per-channel or symmetric recipes, the HTP's preferred form for Conv and Gemm) make
+    onnxruntime's quantizer give LayerNormalization's scale signed symmetric 8 bits too, and the HTP refuses such a
+    LayerNormalization (onnxruntime-qnn's simulator, v75: ppocrv5_rec's five; with the scale unsigned 8-bit they run
+    and the model reads as float does). onnxruntime's QNN config adjusts LayerNormalization only for per-tensor
+    recipes."""
+    if weight_type != "QInt8":
+        return {}
+    return {scale: [{"quant_type": "QUInt8", "symmetric": False}]
+            for scale in _layernorm_scales(content_digest(model), str(model))}
+
+
+@functools.lru_cache(maxsize=64)
+def _layernorm_scales(digest: str, model: str) -> tuple[str, ...]:
+    """Return the constant scales of the LayerNormalization nodes of the model at path model (content digest): parsed
+    once per content, as every candidate of a search quantizes the same float model."""
+    import onnx
+
+    graph = onnx.load(model, load_external_data=False).graph
+    constants = {i.name for i in graph.initializer}
+    return tuple(node.input[1] for node in graph.node
+                 if node.op_type == "LayerNormalization" and len(node.input) > 1 and node.input[1] in constants)
 
 
 def model_for_encodings(model: Path, encodings: dict, encodings_file: str, cache: ArtifactCache) -> Path:

@@ -59,8 +59,8 @@ def quantize(model: Path, calibration: list[Feed], recipe: QuantRecipe, cache: A
     """Return the cached QDQ model quantized from model with recipe and the calibration feeds, checked valid
     (prequantized.check_generated); raise StepError for a model that is quantized already (never twice)."""
     overrides = recipe_overrides(model, recipe.encodings, recipe.encodings_file, recipe.tensor_overrides,
-                                 recipe.activation_type)
-    key = content_key("qdq-v1", model, feeds_digest(calibration), asdict(recipe))
+                                 recipe.activation_type, recipe.weight_type)
+    key = content_key("qdq-v2", model, feeds_digest(calibration), asdict(recipe))
 
     def build(out: Path) -> None:
         from onnxruntime.quantization import CalibrationMethod, QuantType
