@@ -391,6 +391,7 @@ class EmulatedSensors:
         self._lock = threading.Lock()
         self._running = 0
         self._ticker_stop: threading.Event | None = None
+        self._written: dict[Path, str] = {}  # the changing files' last text written (lock held)
         self._ledger = BusyLedger(self.npu_dir)
         self._write_static()
         install_dumpsys(self.root, params)
@@ -447,16 +448,34 @@ class EmulatedSensors:
         """Write temperatures, throttle, statuses and (if battery) battery readings from the model (lock held)."""
         model = self.model
         for index, (_zone, temp_c) in enumerate(model.zone_temps_c()):
-            _write(self.root / THERMAL_DIR / f"thermal_zone{index}" / "temp", f"{round(temp_c * 1000)}\n")
-        _write(self.npu_dir / "throttle", f"{model.throttle:g}\n")
-        _write(self.npu_dir / "thermal_status", f"{int(model.thermal_status)}\n")
-        _write(self.npu_dir / "zone_status",
-               "".join(f"{z.android_type} {int(s)}\n" for z, s in zip(ZONES, model.zone_statuses())))
+            self._update(self.root / THERMAL_DIR / f"thermal_zone{index}" / "temp", f"{round(temp_c * 1000)}\n")
+        self._update(self.npu_dir / "throttle", f"{model.throttle:g}\n")
+        self._update(self.npu_dir / "thermal_status", f"{int(model.thermal_status)}\n")
+        self._update(self.npu_dir / "zone_status",
+                     "".join(f"{z.android_type} {int(s)}\n" for z, s in zip(ZONES, model.zone_statuses())))
         if battery:
             battery_dir = self.root / BATTERY_DIR
             current_ua, voltage_uv = model.battery(charging=_charging(battery_dir))
-            _write(battery_dir / "current_now", f"{current_ua}\n")
-            _write(battery_dir / "voltage_now", f"{voltage_uv}\n")
+            self._update(battery_dir / "current_now", f"{current_ua}\n")
+            self._update(battery_dir / "voltage_now", f"{voltage_uv}\n")
+
+    def _update(self, path: Path, text: str) -> None:
+        """Replace path's content with text unless the last write left it so (lock held): every request and every
+        tick refreshes the files, and on a small model their writes were a tenth of the harness's own time."""
+        if self._written.get(path) == text:
+            return
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # one writer per name
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.write(fd, text.encode())
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)  # a reader never sees a half-written value
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        self._written[path] = text
 
     def begin_load(self) -> None:
         """Mark one more command as running (starting the ticker for the first)."""
