@@ -261,10 +261,17 @@ class Onboarding(PipelineBase):
 
     @memoized
     def error_isolation(self) -> StepReport:
-        """Step 3 stage 3 report: layer-by-layer float vs quantized, host QDQ emulation and device HTP."""
-        return error_isolation.isolate_errors(self.converted_model(), self.qdq_model(), self.dataset(),
-                                              self.runner, self.ptq(), self.cache,
-                                              samples=self.accuracy.error_isolation_samples)
+        """Step 3 stage 3 report: layer-by-layer float vs quantized, host QDQ emulation and device HTP, over
+        AccuracyOptions.error_isolation_samples samples, fewer on a slow model (sizing.isolation_count, noted)."""
+        requested, cost = self.accuracy.error_isolation_samples, self.inference_cost()
+        samples = sizing.isolation_count(cost.inference_s if cost is not None else None, requested)
+        report = error_isolation.isolate_errors(self.converted_model(), self.qdq_model(), self.dataset(),
+                                                self.runner, self.ptq(), self.cache, samples=samples)
+        if samples < min(requested, len(self.dataset().evaluation)):
+            report.notes.append(f"compared on {samples} of {requested} samples: one HTP inference of the 8-bit model "
+                                f"took {cost.inference_s:.3g} s ({cost.latency_source}), and {samples} fit the "
+                                f"evaluation budget of {sizing.EVAL_BUDGET_S:g} s per pass")
+        return report
 
     @memoized
     def sweep_result(self) -> tuple[StepReport, list[sweep.Candidate]]:

@@ -110,6 +110,16 @@ def evaluation_count(cost_s: float, available: int, budget_s: float = EVAL_BUDGE
     return max(min(minimum, available), min(available, fit))
 
 
+def isolation_count(cost_s: float | None, requested: int, budget_s: float = EVAL_BUDGET_S) -> int:
+    """Return how many evaluation samples error isolation compares layer by layer: the requested count, fewer when
+    they do not fit one evaluation pass's budget_s at cost_s per inference, at least 1. It locates where the loss
+    starts (no verdict rests on its count), and exposing every activation as an output makes a slow model's
+    inference slower still (layout_cdla: 4 pages took 100 s of the simulator for what 1 shows)."""
+    if not cost_s or cost_s <= 0:
+        return requested
+    return max(1, min(requested, int(budget_s // cost_s)))
+
+
 def count_reason(cost: InferenceCost, device_id: str, count: int, budget_s: float = EVAL_BUDGET_S) -> str:
     """Return the sentence the data set's description carries about its evaluation count and what it resolves."""
     source = next((f" (set by {name})" for name, value in BUDGETS_FROM_ENV.items() if value == budget_s), "")
