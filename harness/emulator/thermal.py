@@ -461,7 +461,7 @@ class EmulatedSensors:
 
     def _update(self, path: Path, text: str) -> None:
         """Replace path's content with text unless the last write left it so (lock held): every request and every
-        tick refreshes the files, and on a small model their writes were a tenth of the harness's own time."""
+        tick refreshes the files, and the throttle and the statuses seldom change."""
         if self._written.get(path) == text:
             return
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # one writer per name

@@ -308,11 +308,8 @@ def _loss_and_grads(
 @contextlib.contextmanager
 def _single_blas_thread() -> Iterator[None]:
     """Pin BLAS to one thread so float reductions do not depend on the core count."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover - threadpoolctl ships with scikit-learn
-        yield
-        return
+    from threadpoolctl import threadpool_limits  # a declared dependency (pyproject)
+
     with threadpool_limits(limits=1, user_api="blas"):
         yield
 
