@@ -464,17 +464,7 @@ class EmulatedSensors:
         tick refreshes the files, and the throttle and the statuses seldom change."""
         if self._written.get(path) == text:
             return
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # one writer per name
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                os.write(fd, text.encode())
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)  # a reader never sees a half-written value
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        _write(path, text)
         self._written[path] = text
 
     def begin_load(self) -> None:
