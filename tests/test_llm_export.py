@@ -266,6 +266,22 @@ def test_window_nll_equals_the_reference(weights, loop):
         assert nll == pytest.approx(window_nll(weights, window), rel=1e-4)
 
 
+@pytest.mark.parametrize("prompts", [
+    [[1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 9], [1, 2, 3, 7, 7, 7, 7]],  # 3 shared tokens fed once
+    [[5, 9], [8, 8, 8]],  # nothing shared
+    [[2] * 12, [2] * 11 + [3]],  # the shared start fills the prefill graph's cache: the decode graph takes the rest
+])
+def test_forced_top1_is_each_prefix_of_the_greedy_answers_argmax(weights, loop, prompts):
+    answers = [numpy_greedy(weights, p, 3) for p in prompts]
+    sequences = [{"ids": [*p, *a[:-1]], "from": len(p)} for p, a in zip(prompts, answers)]
+    result = loop.forced_top1(sequences)
+    assert [s["top1"] for s in result["sequences"]] == answers  # float on both sides: the argmax is the greedy token
+    lcp = next(i for i, column in enumerate(zip(*prompts)) if len(set(column)) > 1)
+    assert result["shared_tokens"] == min(lcp, min(len(p) for p in prompts) - 1)
+    wrong = [{"ids": [*prompts[0], *[(t + 1) % CFG.vocab for t in answers[0][:-1]]], "from": len(prompts[0])}]
+    assert loop.forced_top1(wrong)["sequences"][0]["top1"][0] == answers[0][0]  # the first choice sees the prompt only
+
+
 # --- the runner's commands, as a device runs them -------------------------------------------------------------
 
 
@@ -325,6 +341,30 @@ def test_nll_command_on_cpu(weights, pair, device_bin, tmp_path):
     assert [w["nll"] for w in result["windows"]] == pytest.approx(expected, rel=1e-4)
     assert [w["count"] for w in result["windows"]] == [3, 3, 3] and result["token_count"] == 9
     assert result["perplexity"] == pytest.approx(np.exp(sum(expected) / 9), rel=1e-4)
+
+
+def test_nll_command_with_sequences_returns_their_teacher_forced_argmax(weights, pair, device_bin, tmp_path):
+    windows = np.array([[3, 1, 4, 1]], np.int32)
+    np.save(tmp_path / "windows.npy", windows)
+    prompts = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14]]
+    answers = [numpy_greedy(weights, p, 2) for p in prompts]
+    (tmp_path / "seqs.json").write_text(json.dumps([{"ids": [*p, *a[:-1]], "from": len(p)}
+                                                    for p, a in zip(prompts, answers)]))
+    common = ["nll", "--prefill", str(pair[0]), "--windows", str(tmp_path / "windows.npy"), "--sequences",
+              str(tmp_path / "seqs.json"), "--runtime", "cpu"]
+    rc, result, stderr = run_runner(device_bin, *common, "--decode", str(pair[1]), "--output_dir", str(tmp_path / "a"))
+    assert rc == 0, stderr
+    assert [s["top1"] for s in result["forced"]["sequences"]] == answers and result["forced"]["shared_tokens"] == 12
+    assert result["token_count"] == 3
+    # 12 shared tokens leave fewer than AR slots: without the decode graph the runner says so
+    rc, result, _ = run_runner(device_bin, *common, "--output_dir", str(tmp_path / "b"))
+    assert rc == 2 and "there is no decode graph" in result["error"]
+    (tmp_path / "seqs.json").write_text(json.dumps([{"ids": [1, 2], "from": 3}]))
+    rc, result, _ = run_runner(device_bin, *common, "--output_dir", str(tmp_path / "c"))
+    assert rc == 2 and "sequence 0 has 2 tokens and from 3" in result["error"]
+    (tmp_path / "seqs.json").write_text(json.dumps([[1, 2]]))
+    rc, result, _ = run_runner(device_bin, *common, "--output_dir", str(tmp_path / "d"))
+    assert rc == 2 and 'expected a non-empty JSON list of {"ids"' in result["error"]
 
 
 # --- the HTP simulator ----------------------------------------------------------------------------------------

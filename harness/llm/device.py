@@ -33,15 +33,23 @@ def _soc_args(runner: DeviceRunner, runtime: str) -> list[str]:
     return ["--runtime", runtime, "--htp_arch", str(soc.htp_arch), "--soc_model", str(soc.soc_model)]
 
 
-def device_nll(runner: DeviceRunner, prefill: Path, windows: np.ndarray, runtime: str = "htp") -> dict:
-    """Return llm_runner's `nll` result for token windows [N, W] through the prefill graph on the device."""
+def device_nll(runner: DeviceRunner, prefill: Path, windows: np.ndarray, runtime: str = "htp",
+               forced: list[tuple[list[int], int]] | None = None, decode: Path | None = None) -> dict:
+    """Return llm_runner's `nll` result for token windows [N, W] through the prefill graph on the device; with
+    `forced` (token ids, from) sequences, also its `forced` result: each sequence's argmax tokens after positions
+    from-1 onward, teacher-forced (the decode graph takes what the prefill graph's cache cannot)."""
     import io
 
     buffer = io.BytesIO()
     np.save(buffer, np.ascontiguousarray(windows, dtype=np.int32))
-    remote_windows = _push_data(runner, "windows.npy", buffer.getvalue())
-    return runner.run_tool(LLM_RUNNER, ["nll", "--prefill", push_model(runner.transport, prefill),
-                                        "--windows", remote_windows, *_soc_args(runner, runtime)])
+    command = ["nll", "--prefill", push_model(runner.transport, prefill),
+               "--windows", _push_data(runner, "windows.npy", buffer.getvalue()), *_soc_args(runner, runtime)]
+    if forced:
+        payload = json.dumps([{"ids": list(ids), "from": start} for ids, start in forced]).encode()
+        command += ["--sequences", _push_data(runner, "sequences.json", payload)]
+        if decode is not None:
+            command += ["--decode", push_model(runner.transport, decode)]
+    return runner.run_tool(LLM_RUNNER, command)
 
 
 def device_generate(runner: DeviceRunner, prefill: Path, decode: Path, prompts: list[tuple[int, ...]],
@@ -101,12 +109,16 @@ class FloatJudge:
         """Return the float model's greedy generations (llm_runner's per-prompt records)."""
         return [self.loop.generate(list(p), max_new, stop_id) for p in prompts]
 
-    def consistent_prefix(self, prompt: tuple[int, ...], generated: list[int]) -> int:
-        """Return how many leading generated tokens the float model would have chosen (up to a near-tie)."""
+    def consistent_prefix(self, prompt: tuple[int, ...], generated: list[int],
+                          forced: list[int] | None = None) -> int:
+        """Return how many leading generated tokens the float model would have chosen (up to a near-tie), each
+        judged after the generated tokens before it, or with `forced` after those (teacher-forced: `generated`
+        are a model's choices after each prefix of `forced`)."""
         if not generated:
             return 0
+        context = generated if forced is None else forced
         self.loop.reset()
-        logits = self.loop.prefill([*prompt, *generated[:-1]])[len(prompt) - 1:]
+        logits = self.loop.prefill([*prompt, *context[:len(generated) - 1]])[len(prompt) - 1:]
         n = 0
         for row, token in zip(logits, generated):
             if float(row.max() - row[token]) > self.margin:

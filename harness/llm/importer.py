@@ -29,10 +29,18 @@ from harness.models import LlmFiles
 __all__ = ["DEFAULT_PROMPTS", "IMPORT_FILE", "checkpoint_digest", "chat_prompt", "import_files", "read_checkpoint",
            "trained_context", "write_import"]
 
-IMPORT_VERSION = 2  # bump when the graphs or files an import writes change
+IMPORT_VERSION = 3  # bump when the graphs or files an import writes change (3: 16 default prompts)
 IMPORT_FILE = "import.json"
+# 16 short user questions: 16 prompts that all agree are the fewest whose floored interval clears a 0.75 greedy
+# agreement (harness.stats.floored); each is one teacher-forced pass on the device after the template's shared start
 DEFAULT_PROMPTS = ("What is the capital of France?", "Name three primary colors.",
-                   "How many legs does a spider have?", "Write one sentence about the sea.")
+                   "How many legs does a spider have?", "Write one sentence about the sea.",
+                   "What is the boiling point of water?", "Who wrote Romeo and Juliet?",
+                   "What is the largest planet in our solar system?", "How many days are in a week?",
+                   "What gas do plants take in?", "Name a fruit that is yellow.",
+                   "What is two plus two?", "Which ocean is the largest?",
+                   "What language is spoken in Spain?", "What do bees make?",
+                   "How many hours are in a day?", "What color is the sky on a clear day?")
 
 
 def read_checkpoint(path: Path) -> Checkpoint:

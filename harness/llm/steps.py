@@ -19,7 +19,7 @@ import numpy as np
 from harness.kpi import INTERVALS_KEY, Limit
 from harness.devices import SocSpec
 from harness.llm import convention, memory
-from harness.llm.device import FloatJudge, device_generate, device_nll, host_nll, matched_prefix
+from harness.llm.device import FloatJudge, device_nll, host_nll, matched_prefix
 from harness.llm.text import TokenizedPrompt
 from harness.models import Thresholds
 from harness.runner.base import latency_source
@@ -97,16 +97,23 @@ def llm_conversion(conversions: dict[str, StepReport], pair: convention.PairInfo
 
 
 def agreement_kpis(judge: FloatJudge, prompts: list[TokenizedPrompt], reference: list[list[int]],
-                   generated: list[list[int]], max_new: int) -> dict:
+                   generated: list[list[int]], teacher_forced: bool = False) -> dict:
     """Return greedy agreement KPIs of generated token lists against the float model: exact (the same tokens as
     the float greedy loop's `reference`) and up to near-ties (tokens the float model ranks within the margin of
-    its top)."""
+    its top), each prompt's share of its reference's length; with teacher_forced, `generated` are a model's
+    choices after each prefix of the reference rather than after its own tokens."""
     exact = [matched_prefix(r, g) for r, g in zip(reference, generated)]
-    consistent = [judge.consistent_prefix(p.ids, g) for p, g in zip(prompts, generated)]
-    return {"greedy_agreement": round(float(np.mean([c / max_new for c in consistent])), 4),
-            "greedy_exact_agreement": round(float(np.mean([m / max_new for m in exact])), 4),
+    consistent = [judge.consistent_prefix(p.ids, g, forced=r if teacher_forced else None)
+                  for p, r, g in zip(prompts, reference, generated)]
+    of = [max(1, len(r)) for r in reference]
+    return {"greedy_agreement": round(float(np.mean([c / n for c, n in zip(consistent, of)])), 4),
+            "greedy_exact_agreement": round(float(np.mean([m / n for m, n in zip(exact, of)])), 4),
             "min_agreeing_tokens": min(consistent), "min_exact_tokens": min(exact),
-            "agreeing_tokens": consistent, "exact_tokens": exact}
+            "agreeing_tokens": consistent, "exact_tokens": exact, "of_tokens": of}
+
+
+FORCED_METHOD = ("teacher-forced: the HTP's argmax after each prefix of the float model's greedy answer (Genie's "
+                 "step checks free-running generation)")
 
 
 def llm_accuracy(float_pair: Pair, quantized: dict[str, Pair], shipped: str, windows: np.ndarray,
@@ -114,20 +121,20 @@ def llm_accuracy(float_pair: Pair, quantized: dict[str, Pair], shipped: str, win
                  runner: DeviceRunner, thresholds: Thresholds) -> StepReport:
     """Return the LLM accuracy report: held-out perplexity of the float pair (host), of each quantized recipe
     (host QDQ emulation and the device's HTP), greedy agreement of each recipe on the HTP with the float
-    model, and limits on the shipped recipe."""
+    model's greedy answers (teacher-forced: one pass over each prompt and answer, after the prompts' shared
+    leading tokens), and limits on the shipped recipe."""
     ids = [p.ids for p in prompts]
     float_nll = host_nll(float_pair.prefill, windows)
     float_ppl = float_nll["perplexity"]
     judge = FloatJudge(float_pair.prefill, float_pair.decode, thresholds.greedy_tie_margin)
-    reference = judge.generate(ids, max_new, stop_id)
+    reference = [r["generated_ids"] for r in judge.generate(ids, max_new, stop_id)]
+    forced = [([*p, *r[:-1]], len(p)) for p, r in zip(ids, reference)]
     rows, generations, agreements, nlls = [], {}, {}, {}
     for name, pair in quantized.items():
         qdq_ppl = host_nll(pair.prefill, windows, emulate_qdq=True)["perplexity"]
-        nll = nlls[name] = device_nll(runner, pair.prefill, windows)
-        generated = device_generate(runner, pair.prefill, pair.decode, ids, max_new, stop_id=stop_id)["prompts"]
-        generations[name] = generated
-        agreements[name] = agreement_kpis(judge, prompts, [r["generated_ids"] for r in reference],
-                                          [g["generated_ids"] for g in generated], max_new)
+        nll = nlls[name] = device_nll(runner, pair.prefill, windows, forced=forced, decode=pair.decode)
+        generations[name] = [s["top1"] for s in nll["forced"]["sequences"]]
+        agreements[name] = agreement_kpis(judge, prompts, reference, generations[name], teacher_forced=True)
         rows.append({"recipe": name, "shipped": name == shipped, "perplexity_float_host": round(float_ppl, 4),
                      "perplexity_qdq_host": round(qdq_ppl, 4), "perplexity_htp": round(nll["perplexity"], 4),
                      "perplexity_increase": round(nll["perplexity"] / float_ppl - 1.0, 5),
@@ -141,13 +148,15 @@ def llm_accuracy(float_pair: Pair, quantized: dict[str, Pair], shipped: str, win
         "perplexity_htp": ship["perplexity_htp"], "perplexity_increase": ship["perplexity_increase"],
         "host_htp_perplexity_gap": abs(ship["perplexity_htp"] - ship["perplexity_qdq_host"]) / ship["perplexity_qdq_host"],
         **agreements[shipped], "greedy_tie_margin": thresholds.greedy_tie_margin,
+        "greedy_agreement_method": FORCED_METHOD, "forced_shared_tokens": nlls[shipped]["forced"]["shared_tokens"],
         "sweep": {r["recipe"]: {"perplexity_htp": r["perplexity_htp"], "perplexity_qdq_host": r["perplexity_qdq_host"],
                                 "greedy_agreement": r["greedy_agreement"]} for r in rows},
         "source": latency_source("htp", runner.device_platform()[0]),
     }
     # tokens of one prompt are not independent (a prompt that leaves the float path early loses the rest): the
     # prompt is the sample, so the interval is a bootstrap over prompts of their agreeing share
-    shares = np.array(agreements[shipped]["agreeing_tokens"], dtype=np.float64) / max_new
+    shares = (np.array(agreements[shipped]["agreeing_tokens"], dtype=np.float64)
+              / np.array(agreements[shipped]["of_tokens"], dtype=np.float64))
     agreement = bootstrap(lambda idx: float(shares[idx].mean()), len(shares), bounds=(0.0, 1.0))
     report.kpis[INTERVALS_KEY] = {"greedy_agreement": floored(agreement, float(shares.mean()), 0.0, 1.0).as_dict(),
                                   **perplexity_intervals(float_nll, nlls[shipped])}
@@ -159,17 +168,16 @@ def llm_accuracy(float_pair: Pair, quantized: dict[str, Pair], shipped: str, win
     report.inconclusive.extend(unresolved(report.kpis, report.limits))
     report.tables["perplexity_by_recipe"] = rows
     ship_agreement = agreements[shipped]
-    report.tables["generations"] = [
-        {"prompt": p.text, "float_text": tokenizer.decode(r["generated_ids"]),
-         "htp_text": tokenizer.decode(g["generated_ids"]), "exact_tokens": m, "agreeing_tokens": c,
-         "of": len(r["generated_ids"])}
+    report.tables["generations"] = [  # the HTP's choice after each prefix of the float answer
+        {"prompt": p.text, "float_text": tokenizer.decode(r), "htp_forced_text": tokenizer.decode(g),
+         "exact_tokens": m, "agreeing_tokens": c, "of": len(r)}
         for p, r, g, m, c in zip(prompts, reference, generations[shipped], ship_agreement["exact_tokens"],
                                  ship_agreement["agreeing_tokens"])]
     if ship_agreement["greedy_exact_agreement"] < ship_agreement["greedy_agreement"]:
         report.notes.append(f"{shipped}: some prompts leave the float model's greedy path at a near-tie (its top two "
                             f"logits within {thresholds.greedy_tie_margin:g}); those tokens count as agreeing, the "
                             "exact figures are greedy_exact_agreement and exact_tokens")
-    report.kpis["float_generations"] = [r["generated_ids"] for r in reference]
+    report.kpis["float_generations"] = reference
     return report
 
 

@@ -24,6 +24,10 @@ generate --prefill P --decode D --prompts prompts.json (a JSON list of token-id 
 nll      --prefill P --windows windows.npy ([N, W] int32 token windows, 2 <= W <= AR) --runtime ...: one
          prefill call per window with an empty past; per window the summed negative log-likelihood (nats) of
          tokens 1..W-1 given the earlier ones and their count, the totals and the perplexity, in result.json.
+         With --sequences seqs.json (a JSON list of {"ids": [...], "from": k}, 1 <= k < len(ids) + 1) also each
+         sequence teacher-forced through the prefill graph (the cache's last slots by the decode graph, if given
+         with --decode): the argmax token after each of positions k-1 .. len-1 ("top1", predicting ids[k:] and one
+         token more). The sequences' common leading tokens are fed once and their cache reused.
 Exit codes (as device_runner.py): 0 ok, 2 bad input or model, 3 runtime failure; result.json is written in
          every case, its `error` naming what went wrong.
 """
@@ -45,7 +49,7 @@ try:  # imported as harness.runner.llm_runner on the host
 except ImportError:  # run as a script from the device's bin/, beside device_runner.py
     import device_runner
 
-RUNNER_VERSION = "1"
+RUNNER_VERSION = "2"  # 2: nll --sequences (teacher-forced argmax tokens)
 RESULT_FILE = "result.json"
 INPUT_IDS = "input_ids"
 ATTENTION_MASK = "attention_mask"
@@ -168,8 +172,9 @@ class KvLoop:
                 len(tokens), self.n_past, self.context))
         rows, i = [], 0
         while i < len(tokens):
-            if self.n_past <= self.prefill_graph.past:
-                chunk = tokens[i:i + self.prefill_graph.ar]
+            room = min(self.prefill_graph.ar, self.slots - self.n_past)  # the chunk's K/V must fit the cache
+            if self.n_past <= self.prefill_graph.past and room >= 1:
+                chunk = tokens[i:i + room]
                 rows.append(self._call(self.prefill_graph, chunk))
             elif self.decode_graph is not None:
                 chunk = tokens[i:i + 1]
@@ -219,6 +224,38 @@ class KvLoop:
                 "tokens_per_s": len(decode_s) / sum(decode_s) if decode_s and sum(decode_s) > 0 else None,
                 "calls": [{"graph": g, "s": s} for g, s in self.call_s]}
 
+    def snapshot(self):
+        """Return the cache's state (copies) for restore()."""
+        return self.n_past, [k.copy() for k in self.keys], [v.copy() for v in self.values]
+
+    def restore(self, state):
+        """Put back a snapshot()'s cache."""
+        self.n_past = state[0]
+        for dst, src in zip(self.keys + self.values, state[1] + state[2]):
+            dst[...] = src
+        self.call_s = []
+
+    def forced_top1(self, sequences):
+        """Return per {"ids", "from"} sequence the argmax tokens after positions from-1 .. len-1, each sequence
+        fed after the cache of the sequences' common leading tokens (computed once, never past any from-1)."""
+        np = self.np
+        shared = min(s["from"] for s in sequences) - 1
+        first = sequences[0]["ids"]
+        for s in sequences[1:]:
+            shared = min(shared, next((i for i, (a, b) in enumerate(zip(first, s["ids"])) if a != b),
+                                      min(len(first), len(s["ids"]))))
+        self.reset()
+        if shared > 0:
+            self.prefill(first[:shared])
+        state = self.snapshot()
+        out = []
+        for s in sequences:
+            self.restore(state)
+            start = time.perf_counter()
+            logits = self.prefill(s["ids"][shared:])[s["from"] - 1 - shared:]
+            out.append({"top1": [int(k) for k in np.argmax(logits, axis=-1)], "s": time.perf_counter() - start})
+        return {"shared_tokens": shared, "sequences": out}
+
     def window_nll(self, window):
         """Return (summed NLL in nats of tokens 1..W-1 given the earlier ones, W-1) from one prefill call."""
         np = self.np
@@ -253,6 +290,8 @@ def parse_args(argv):
     gen.add_argument("--warmup", type=int, default=0, help="untimed generations of the first prompt first")
     nll = sub.add_parser("nll", parents=[common], help="negative log-likelihood of token windows")
     nll.add_argument("--windows", required=True, help=".npy of [N, W] int32 token windows, 2 <= W <= AR")
+    nll.add_argument("--sequences", help='JSON list of {"ids": [...], "from": k}: teacher-forced argmax tokens')
+    nll.add_argument("--decode", help="the decode graph, for sequences past the prefill graph's cache")
     args = p.parse_args(argv)
     if args.command == "generate" and args.max_new < 1:
         p.error("--max_new must be at least 1")
@@ -293,6 +332,11 @@ def _load_prompts(path, vocab):
         raise RunnerFailure("prompts %s: %s" % (path, e))
     if not isinstance(prompts, list) or not all(isinstance(p, list) for p in prompts):
         raise RunnerFailure("prompts %s: expected a JSON list of token-id lists" % path)
+    return _load_prompts_checked(path, prompts, vocab)
+
+
+def _load_prompts_checked(path, prompts, vocab):
+    """Return prompts after checking every token is an id in [0, vocab)."""
     for k, prompt in enumerate(prompts):
         bad = [t for t in prompt if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab]
         if bad:
@@ -323,10 +367,29 @@ def run_generate(np, ort, args, npu, report):
     report["prompts"] = [loop.generate(prompt, args.max_new, args.stop_id) for prompt in prompts]
 
 
+def _load_sequences(path, vocab, context):
+    """Return the teacher-forced sequences of a JSON file ({"ids": token ids, "from": k} each)."""
+    try:
+        with open(path) as f:
+            sequences = json.load(f)
+    except (OSError, ValueError) as e:
+        raise RunnerFailure("sequences %s: %s" % (path, e))
+    if not isinstance(sequences, list) or not sequences or not all(
+            isinstance(s, dict) and isinstance(s.get("ids"), list) and isinstance(s.get("from"), int) for s in sequences):
+        raise RunnerFailure('sequences %s: expected a non-empty JSON list of {"ids": [...], "from": k}' % path)
+    _load_prompts_checked(path, [s["ids"] for s in sequences], vocab)
+    for k, s in enumerate(sequences):
+        if not 1 <= s["from"] <= len(s["ids"]) < context:
+            raise RunnerFailure("sequences %s: sequence %d has %d tokens and from %d: need 1 <= from <= tokens < "
+                                "the context length %d" % (path, k, len(s["ids"]), s["from"], context))
+    return sequences
+
+
 def run_nll(np, ort, args, npu, report):
-    """The nll command: fills report's sessions, windows and totals."""
+    """The nll command: fills report's sessions, windows and totals (and with --sequences, their top1)."""
     prefill = open_graph(ort, args, args.prefill, "prefill", npu, report["sessions"])
-    loop = KvLoop(np, prefill)
+    decode = open_graph(ort, args, args.decode, "decode", npu, report["sessions"]) if args.decode else None
+    loop = KvLoop(np, prefill, decode)
     try:
         windows = np.load(args.windows)
     except (OSError, ValueError) as e:
@@ -346,6 +409,8 @@ def run_nll(np, ort, args, npu, report):
     report["windows"] = rows
     report["nll_sum"], report["token_count"] = total, count
     report["perplexity"] = math.exp(total / count) if count else None
+    if args.sequences:
+        report["forced"] = loop.forced_top1(_load_sequences(args.sequences, vocab, loop.context))
 
 
 def main(argv=None):
