@@ -295,30 +295,87 @@ def test_graphs_whose_weights_pass_protobufs_limit_keep_them_in_external_data_wi
         reference._layer_divergence(tmp_path / "one" / "prefill.onnx", PROMPTS[0], layers, DIMS["layers"])
 
 
-def test_a_pair_past_protobufs_limit_fails_step_2_saying_why_and_still_meets_its_reference(tmp_path, monkeypatch):
-    """As Qwen2.5-Coder-0.5B's 2.5 GB float32 pair: llm_conversion reports the reference check on the imported pair
-    and fails naming the limit; the steps after it get the same reason, not protobuf's 'Failed to serialize'."""
+def test_an_imported_pair_past_protobufs_limit_is_kept_as_built_and_quantizes_as_a_one_file_pair_does(
+        tmp_path, monkeypatch):
+    """As Qwen2.5-Coder-0.5B's 2.5 GB float32 pair: Step 2 keeps the importer's graphs as built (the simplifier
+    cannot hold them), meets the reference, and onnxruntime's quantizer takes the external weights: the w8a16 pair
+    scores the same host QDQ perplexity as the same checkpoint imported into one-file graphs. A pair of the user's
+    own that large fails Step 2 naming the limit."""
     pytest.importorskip("transformers")
     import yaml
 
     from harness.cache import ArtifactCache
-    from harness.llm import llama, pipeline
+    from harness.llm import llama, pipeline, text
+    from harness.llm.device import host_nll
     from harness.models import resolve_model
     from harness.target import Target
 
     write_hf_dir(tmp_path / "hf")
     spec = tmp_path / "tiny.yaml"
-    spec.write_text(yaml.safe_dump({"kind": "llm", "llm": {"checkpoint": "hf"}}))
+    spec.write_text(yaml.safe_dump({"kind": "llm", "llm": {"checkpoint": "hf", "context_length": 64,
+                                                            "prefill_ar": 16}}))
+
+    def onboarding(cache: str):
+        return pipeline.LlmOnboarding(Target(None, None, resolve_model(str(spec), {}, None)), None,
+                                      ArtifactCache(tmp_path / cache))
+
+    one_file = onboarding("one")
+    assert not (one_file.llm_files().prefill.parent / "prefill.onnx.data").exists()  # imported before the patch
     monkeypatch.setattr(llama, "EXTERNAL_DATA_BYTES", 1)
     monkeypatch.setattr(pipeline, "PROTOBUF_LIMIT", 1000)  # the tiny pair's weights stand for 2.5 GB
-    onboarding = pipeline.LlmOnboarding(Target(None, None, resolve_model(str(spec), {}, None)), None,
-                                        ArtifactCache(tmp_path / "cache"))
-    report = onboarding.llm_conversion()
-    assert len(report.failures) == 1 and "past protobuf's 2 GiB" in report.failures[0], report.failures
+    split = onboarding("split")
+    report = split.llm_conversion()
+    assert report.passed and report.kpis["prefill_transforms"] == ["kept as built"], report.failures
+    assert any("past protobuf's 2 GiB" in n for n in report.notes)
     assert report.kpis["reference_top1_agreement"] == 1.0 and report.kpis["reference_cosine_min"] >= 0.999
     assert report.kpis["reference_prompts"] == 16 and report.kpis["layers"] == DIMS["layers"]
-    with pytest.raises(ModelError, match="not supported yet"):
-        onboarding.llm_float_pair()
+    assert (split.llm_files().prefill.parent / "prefill.onnx.data").is_file()
+    files = one_file.llm_files()
+    ids = text.token_ids(one_file.llm_tokenizer(), text.read_text(files.eval_text, "eval"))
+    windows = text.nll_windows(ids, 16, 6)
+    quantized = [o.llm_quantized("w8a16").prefill for o in (one_file, split)]
+    assert not (quantized[0].parent / "model.onnx.data").exists()
+    assert [host_nll(q, windows, emulate_qdq=True)["perplexity"] for q in quantized[1:]] == \
+        pytest.approx([host_nll(quantized[0], windows, emulate_qdq=True)["perplexity"]], rel=1e-4)
+
+    user = tmp_path / "user.yaml"  # the imported pair given as a user's own: no checkpoint to rebuild it from
+    pair_dir = split.llm_files().prefill.parent
+    user.write_text(yaml.safe_dump({"kind": "llm", "llm": {"prefill": str(pair_dir / "prefill.onnx"),
+                                                            "decode": str(pair_dir / "decode.onnx"),
+                                                            "tokenizer": str(pair_dir / "tokenizer.json")}}))
+    own = pipeline.LlmOnboarding(Target(None, None, resolve_model(str(user), {}, None)), None,
+                                 ArtifactCache(tmp_path / "own"))
+    report = own.llm_conversion()
+    assert len(report.failures) == 1 and "past protobuf's 2 GiB" in report.failures[0], report.failures
+    assert "name its checkpoint instead" in report.failures[0]
+    with pytest.raises(ModelError, match="converting a pair this large"):
+        own.llm_float_pair()
+
+
+def test_a_graphs_external_data_is_part_of_its_content(tmp_path):
+    """Two checkpoints of one architecture give byte-identical graph files with different external data: the cache
+    keys (files.content_digest) and the device paths must tell them apart."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from harness.files import content_digest, external_data_files
+    from harness.runner.base import remote_model_path
+
+    paths = []
+    for k, value in enumerate((1.0, 2.0, 1.0)):
+        weight = numpy_helper.from_array(np.full((64, 64), value, np.float32), "w")
+        graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                                  [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 64])],
+                                  [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 64])], [weight])
+        path = tmp_path / str(k) / "model.onnx"
+        path.parent.mkdir()
+        onnx.save(helper.make_model(graph), str(path), save_as_external_data=True, location="model.onnx.data",
+                  size_threshold=0)
+        paths.append(path)
+    assert paths[0].read_bytes() == paths[1].read_bytes() and external_data_files(paths[0]) == [
+        paths[0].parent / "model.onnx.data"]
+    assert content_digest(paths[0]) != content_digest(paths[1]) and content_digest(paths[0]) == content_digest(paths[2])
+    assert remote_model_path(paths[0]) != remote_model_path(paths[1])
 
 
 # --------------------------------------------------------------------------- bad input

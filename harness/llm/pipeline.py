@@ -59,23 +59,35 @@ class LlmOnboarding(PipelineBase):
         path = files.prefill if name == "prefill" else files.decode
         return replace(self.target.model, name=f"{self.target.model.name}-{name}", source=str(path), path=path)
 
+    def _weights_past_protobuf(self) -> int:
+        """Return the bytes of the source pair's external weights when they are past protobuf's 2 GiB (else 0)."""
+        weights = convention.external_bytes(self.llm_files().prefill)
+        return weights if weights >= PROTOBUF_LIMIT else 0
+
     @memoized
     def llm_too_large(self) -> str:
-        """Why Step 2 cannot convert the pair: weights past protobuf's 2 GiB, which the ONNX conversion and the
-        quantization after it hold in one message ('' when they fit)."""
+        """Why Step 2 cannot convert the pair ('' when it can): a pair of the user's own whose weights are past
+        protobuf's 2 GiB, which the ONNX conversion holds in one message. A pair the harness built from a
+        checkpoint is kept as built instead (llm_conversions)."""
         files, pair = self.llm_files(), self.llm_source_pair()
-        weights = convention.external_bytes(files.prefill)
-        if weights < PROTOBUF_LIMIT:
+        weights = self._weights_past_protobuf()
+        if not weights or files.checkpoint is not None:
             return ""
         return (f"{files.prefill}: the pair's float32 weights are {weights / 1e9:.2f} GB (in external data), past "
-                f"protobuf's 2 GiB within which Step 2's ONNX conversion and the quantization work: converting and "
-                f"quantizing a pair this large ({pair.layers} layers, vocabulary {pair.vocab}) is not supported yet")
+                f"protobuf's 2 GiB within which Step 2's ONNX conversion works: converting a pair this large "
+                f"({pair.layers} layers, vocabulary {pair.vocab}) is not supported; name its checkpoint instead "
+                "(`llm.checkpoint:`), whose graphs the harness builds in Genie's convention itself")
 
     @memoized
     def llm_conversions(self) -> dict[str, StepReport]:
-        """Step 2 on each graph: shape fixing, folding, the GELU fused (cached per graph)."""
+        """Step 2 on each graph: shape fixing, folding, the GELU fused (cached per graph); the graphs of an
+        imported checkpoint past protobuf's 2 GiB kept as the harness built them (static, nothing to fuse)."""
         if too_large := self.llm_too_large():
             raise ModelError(too_large)
+        if weights := self._weights_past_protobuf():
+            files = self.llm_files()
+            return {name: steps.as_built(files.prefill if name == "prefill" else files.decode, weights)
+                    for name in GRAPHS}
         out = {}
         for name in GRAPHS:
             spec = self._graph_spec(name)
@@ -143,12 +155,9 @@ class LlmOnboarding(PipelineBase):
         """LLM Step 2: both graphs converted, the pair still in Genie's convention; an imported checkpoint's float
         pair against the independent reference (transformers) on the prompts."""
         files = self.llm_files()
-        if too_large := self.llm_too_large():  # the imported pair still meets its reference; Step 2 fails, saying why
+        if too_large := self.llm_too_large():  # Step 2 fails, saying why; the steps after it get the same reason
             report = steps.llm_conversion({}, self.llm_source_pair())
             report.failures.append(too_large)
-            if files.checkpoint is not None:
-                reference.add_reference(report, files.prefill, files.decode, files.prefill, files.checkpoint,
-                                        [list(p.ids) for p in self.llm_prompts()], self.cache)
             return report
         report = steps.llm_conversion(self.llm_conversions(), self.llm_pair())
         if files.checkpoint is not None:

@@ -80,6 +80,23 @@ def llm_feasibility(placements: dict[str, StepReport], pair: convention.PairInfo
     return report
 
 
+def as_built(graph: Path, weights_bytes: int) -> StepReport:
+    """Return a graph's Step 2 report when the harness built it from a checkpoint and its weights are past
+    protobuf's 2 GiB: the graph kept as built (static shapes, Genie's convention, nothing to fold or fuse), its
+    equivalence left to the independent reference (llm_conversion's)."""
+    import onnx
+
+    nodes = len(onnx.load(str(graph), load_external_data=False).graph.node)
+    report = StepReport("conversion")
+    report.kpis = {"nodes_before": nodes, "nodes_after": nodes, "transforms": ["kept as built"]}
+    report.artifacts["model"] = graph
+    report.notes.append(f"kept as the importer built it: its {weights_bytes / 1e9:.2f} GB of float32 weights are "
+                        "past protobuf's 2 GiB, beyond which the graph simplifier and the equivalence checker cannot "
+                        "hold it; its graphs are static and in Genie's convention already (the simplifier's only "
+                        "effect on a smaller import is merging reshapes), and their equivalence is the reference's")
+    return report
+
+
 def llm_conversion(conversions: dict[str, StepReport], pair: convention.PairInfo) -> StepReport:
     """Return the LLM conversion report: both graphs' Step 2 reports and the pair's convention dims."""
     report = StepReport("llm_conversion")

@@ -14,7 +14,7 @@ import numpy as np
 
 from harness.data import Feed, feeds_digest
 from harness.errors import ConfigError
-from harness.files import content_digest
+from harness.files import content_digest, external_data_files
 from harness.transports.base import Transport
 
 CONTEXT_SIDECAR = "context.json"  # beside a compiled EPContext model: the SoC it was built for
@@ -138,8 +138,10 @@ def push_model(transport: Transport, model: Path) -> str:
     remote_dir = posixpath.dirname(remote)
     transport.push(model, remote)
     for sibling in model.parent.glob(model.stem + "*"):
-        if sibling != model and sibling.suffix in {".bin", ".data"}:
+        if sibling != model and sibling.suffix == ".bin":
             transport.push(sibling, f"{remote_dir}/{sibling.name}")
+    for data in external_data_files(model):
+        transport.push(data, f"{remote_dir}/{data.name}")
     if (model.parent / CONTEXT_SIDECAR).is_file():
         transport.push(model.parent / CONTEXT_SIDECAR, f"{remote_dir}/{CONTEXT_SIDECAR}")
     return f"{remote_dir}/{model.name}"
