@@ -29,7 +29,7 @@ from harness.models import LlmFiles
 __all__ = ["DEFAULT_PROMPTS", "IMPORT_FILE", "checkpoint_digest", "chat_prompt", "import_files", "read_checkpoint",
            "trained_context", "write_import"]
 
-IMPORT_VERSION = 3  # bump when the graphs or files an import writes change (3: 16 default prompts)
+IMPORT_VERSION = 4  # bump when the graphs or files an import writes change (3: 16 default prompts; 4: opset 21)
 IMPORT_FILE = "import.json"
 # 16 short user questions: 16 prompts that all agree are the fewest whose floored interval clears a 0.75 greedy
 # agreement (harness.stats.floored); each is one teacher-forced pass on the device after the template's shared start

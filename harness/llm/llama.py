@@ -6,7 +6,7 @@ past_key_{l}_in [H, 1, Dh, CL-AR], past_value_{l}_in [H, 1, CL-AR, Dh] -> logits
 entries past_key_{l}_out [H, 1, Dh, AR], past_value_{l}_out [H, 1, AR, Dh]. Positions index cos/sin tables of
 the rotary embedding inside the graph, so Genie feeds them as it does learned positions ("absolute").
 
-Each block (Hugging Face's LlamaDecoderLayer): RMSNorm as LpNormalization(x) * (w * sqrt(D)) (opset 17 has no
+Each block (Hugging Face's LlamaDecoderLayer): RMSNorm as LpNormalization(x) * (w * sqrt(D)) (opset 21 has no
 RMSNormalization; the written-out x^2 / mean / sqrt has a range a quantized activation cannot hold: the residual
 stream's outlier tokens square to ~1e6 and every ordinary token's mean square rounds to 0, which made w8a16
 perplexity ~1e6; the unit-norm output stays in [-1, 1], and the HTP runs LpNormalization as its L2Norm; eps
@@ -20,7 +20,7 @@ GPT-2 (a config with norm "layer", positions "learned", mlp "gelu_tanh") takes t
 swaps: LayerNormalization with its bias for RMSNorm; no rotation, the position table gathered at position_ids
 and added to the token embedding instead ("embed.out" is their sum, as transformers' GPT-2 has it); and an MLP
 of up -> GELU -> down with biases, GELU written out in GPT-2's tanh form (0.5 x (1 + tanh(sqrt(2/pi) (x +
-0.044715 x^3))): opset 17 has no Gelu, and the HTP runs Tanh).
+0.044715 x^3))), as the HTP runs Tanh).
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ from harness.llm.checkpoint import Checkpoint, LlamaConfig
 
 __all__ = ["OPSET", "LlamaGraphs", "build_graph", "block_output", "rope_tables"]
 
-OPSET = 17
-IR_VERSION = 8  # as harness.llm.export: loads in older onnxruntime builds on devices too
+OPSET = 21  # what 16-bit Q/DQ needs: onnxruntime's quantizer would raise it, which no graph past 2 GiB survives
+IR_VERSION = 10  # opset 21's
 PRODUCER = "harness.llm.llama"
 # weights from this size on go to ONNX external data beside the graph: protobuf cannot serialize a message of 2 GiB
 # (a 0.5B-parameter model's float32 weights are 2.5 GB); below it the graph stays one file
