@@ -15,7 +15,7 @@ from typing import Any, Callable
 from filelock import FileLock
 
 from harness.cache_check import damage, is_sealed, seal
-from harness.files import content_digest
+from harness.files import model_digest
 
 logger = logging.getLogger(__name__)
 
@@ -33,11 +33,12 @@ class CacheEntry:
 
 
 def content_key(*parts: Any) -> str:
-    """Return a short stable hash of parts (paths are hashed by content, the rest as JSON)."""
+    """Return a short stable hash of parts (paths are hashed by content, a model's with its external data; the rest
+    as JSON)."""
     h = hashlib.sha256()
     for part in parts:
         if isinstance(part, Path):
-            h.update(content_digest(part).encode())
+            h.update(model_digest(part).encode())
         else:
             h.update(json.dumps(part, sort_keys=True, default=str).encode())
         h.update(b"\0")

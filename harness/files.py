@@ -74,16 +74,19 @@ def content_digest(path: Path) -> str:
     """Return sha256_file(path), computed once per version of the file (its inode, size and modification time:
     the harness writes files by rename, so a rewrite is a new version), for keys that name a file by content (the
     artifact cache's, a pushed model's): the precision search keys every candidate by the same float model (90 MB
-    for paraphrase_minilm, 0.2-0.3 s each). An ONNX model's external data files are part of its content (two
-    checkpoints of one architecture have the same graph file and different weights). A check that a file is
-    intact (harness.cache_check) reads it anew with sha256_file."""
-    digests = []
-    for file in [Path(path), *(external_data_files(path) if str(path).endswith(".onnx") else [])]:
-        st = os.stat(file)
-        digests.append(_digest_of_version((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), file))
-    if len(digests) == 1:
-        return digests[0]
-    return hashlib.sha256("\0".join(digests).encode()).hexdigest()
+    for paraphrase_minilm, 0.2-0.3 s each). A check that a file is intact (harness.cache_check) reads it anew with
+    sha256_file."""
+    st = os.stat(path)
+    return _digest_of_version((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), Path(path))
+
+
+def model_digest(path: Path) -> str:
+    """Return content_digest(path), combined with those of an ONNX model's external data files when it has any:
+    two checkpoints of one architecture give the same graph file with different weights beside it."""
+    data = external_data_files(path) if str(path).endswith(".onnx") else []
+    if not data:
+        return content_digest(path)
+    return hashlib.sha256("\0".join(content_digest(p) for p in [Path(path), *data]).encode()).hexdigest()
 
 
 _digests: dict[tuple[int, int, int, int], str] = {}

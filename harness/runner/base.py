@@ -14,7 +14,7 @@ import numpy as np
 
 from harness.data import Feed, feeds_digest
 from harness.errors import ConfigError
-from harness.files import content_digest, external_data_files
+from harness.files import external_data_files, model_digest
 from harness.transports.base import Transport
 
 CONTEXT_SIDECAR = "context.json"  # beside a compiled EPContext model: the SoC it was built for
@@ -96,7 +96,7 @@ class RunResult:
 
 def remote_model_path(model: Path) -> str:
     """Return where push_model puts model on the device, relative to the work directory (keyed by content)."""
-    return f"models/{content_digest(Path(model))[:16]}/{Path(model).name}"
+    return f"models/{model_digest(Path(model))[:16]}/{Path(model).name}"
 
 
 def input_paths(feeds: list[Feed]) -> list[list[tuple[str, str]]]:
