@@ -30,9 +30,11 @@ def load(path: Path = DURATIONS_FILE) -> dict[str, float]:
 
 
 def longest_first(items: list[pytest.Item], known: dict[str, float]) -> list[pytest.Item]:
-    """Return items with their modules ordered by total known duration, longest first, each module's tests kept
-    together and in their order (its module-scoped fixtures are set up once), each parametrized function's cases
-    longest first. A test never recorded counts as the median recorded test."""
+    """Return items with their modules ordered by their longest known test, then by total known duration, longest
+    first (a module holding one long test starts at once, not after a module of many shorter ones that work
+    stealing spreads over both workers anyway), each module's tests kept together and in their order (its
+    module-scoped fixtures are set up once), each parametrized function's cases longest first. A test never
+    recorded counts as the median recorded test."""
     default = statistics.median(known.values()) if known else 1.0
     modules: dict[str, list[pytest.Item]] = {}
     for item in items:
@@ -42,7 +44,7 @@ def longest_first(items: list[pytest.Item], known: dict[str, float]) -> list[pyt
         return known.get(item.nodeid, default)
 
     ordered = []
-    for module_items in sorted(modules.values(), key=lambda m: -sum(map(seconds, m))):
+    for module_items in sorted(modules.values(), key=lambda m: (-max(map(seconds, m)), -sum(map(seconds, m)))):
         cases: dict[str, list[pytest.Item]] = {}  # a test function's parametrized cases, in collection order
         for item in module_items:
             cases.setdefault(item.nodeid.split("[")[0], []).append(item)

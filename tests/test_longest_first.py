@@ -19,6 +19,12 @@ def test_modules_go_longest_first_each_kept_together_with_its_cases_longest_firs
     # b (71 s) before a (6 s) before c (one unrecorded test: the median, 5 s); b's cases longest first, its
     # functions and a's tests in their collected order
     assert ordered == ["b.py::slow[y]", "b.py::slow[x]", "b.py::fast", "a.py::t1", "a.py::t2", "c.py::new"]
+    # a module of one long test (as SmolLM2's LLM suites) goes before one of many shorter ones with a larger total
+    items += [_item("d.py::long"), *(_item(f"e.py::t{k}") for k in range(8))]
+    known |= {"d.py::long": 100} | {f"e.py::t{k}": 20 for k in range(8)}
+    ordered = [i.nodeid for i in longest_first.longest_first(items, known)]
+    assert ordered[0] == "d.py::long" and ordered[1:4] == ["b.py::slow[y]", "b.py::slow[x]", "b.py::fast"]
+    assert ordered[4:12] == [f"e.py::t{k}" for k in range(8)]
 
 
 def test_the_recorder_adds_up_phases_and_merges_into_the_file(tmp_path):
