@@ -29,10 +29,13 @@ from harness.models import LlmFiles
 __all__ = ["DEFAULT_PROMPTS", "IMPORT_FILE", "checkpoint_digest", "chat_prompt", "import_files", "read_checkpoint",
            "trained_context", "write_import"]
 
-IMPORT_VERSION = 4  # bump when the graphs or files an import writes change (3: 16 default prompts; 4: opset 21)
+IMPORT_VERSION = 5  # bump when the graphs or files an import writes change (3: 16 default prompts; 4: opset 21;
+# 5: 24 default prompts)
 IMPORT_FILE = "import.json"
-# 16 short user questions: 16 prompts that all agree are the fewest whose floored interval clears a 0.75 greedy
-# agreement (harness.stats.floored); each is one teacher-forced pass on the device after the template's shared start
+# 24 short user questions: 16 prompts that all agree are the fewest whose floored interval clears a 0.75 greedy
+# agreement (harness.stats.floored), and a quantized model rarely agrees on every token of every answer (SmolLM2's
+# w8a16: 0.953 [0.769, 0.992] on the first 16, 0.870 [0.734, 0.969] on all 24); each is one teacher-forced pass on
+# the device after the template's shared start
 DEFAULT_PROMPTS = ("What is the capital of France?", "Name three primary colors.",
                    "How many legs does a spider have?", "Write one sentence about the sea.",
                    "What is the boiling point of water?", "Who wrote Romeo and Juliet?",
@@ -40,7 +43,11 @@ DEFAULT_PROMPTS = ("What is the capital of France?", "Name three primary colors.
                    "What gas do plants take in?", "Name a fruit that is yellow.",
                    "What is two plus two?", "Which ocean is the largest?",
                    "What language is spoken in Spain?", "What do bees make?",
-                   "How many hours are in a day?", "What color is the sky on a clear day?")
+                   "How many hours are in a day?", "What color is the sky on a clear day?",
+                   "What is the opposite of hot?", "How many continents are there?",
+                   "What animal is known as the king of the jungle?", "What is frozen water called?",
+                   "Who painted the Mona Lisa?", "What is the chemical symbol for gold?",
+                   "How many minutes are in an hour?", "What is the tallest mountain in the world?")
 
 
 def read_checkpoint(path: Path) -> Checkpoint:
