@@ -59,8 +59,10 @@ class LlmOnboarding(PipelineBase):
         path = files.prefill if name == "prefill" else files.decode
         return replace(self.target.model, name=f"{self.target.model.name}-{name}", source=str(path), path=path)
 
+    @memoized
     def _weights_past_protobuf(self) -> int:
-        """Return the bytes of the source pair's external weights when they are past protobuf's 2 GiB (else 0)."""
+        """Return the bytes of the source pair's external weights when they are past protobuf's 2 GiB (else 0;
+        read once: a one-file graph is parsed whole, 650 MB for SmolLM2)."""
         weights = convention.external_bytes(self.llm_files().prefill)
         return weights if weights >= PROTOBUF_LIMIT else 0
 

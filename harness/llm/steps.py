@@ -146,7 +146,7 @@ def llm_accuracy(float_pair: Pair, quantized: dict[str, Pair], shipped: str, win
     judge = FloatJudge(float_pair.prefill, float_pair.decode, thresholds.greedy_tie_margin)
     reference = [r["generated_ids"] for r in judge.generate(ids, max_new, stop_id)]
     forced = [([*p, *r[:-1]], len(p)) for p, r in zip(ids, reference)]
-    rows, generations, agreements, nlls = [], {}, {}, {}
+    rows, nlls, top1, agreement = [], {}, [], {}
     for name, pair in quantized.items():  # the others swept by perplexity: the shipped one's answers too
         qdq_ppl = host_nll(pair.prefill, windows, emulate_qdq=True)["perplexity"]
         nll = nlls[name] = device_nll(runner, pair.prefill, windows, forced=forced if name == shipped else None,
@@ -155,9 +155,9 @@ def llm_accuracy(float_pair: Pair, quantized: dict[str, Pair], shipped: str, win
                "perplexity_qdq_host": round(qdq_ppl, 4), "perplexity_htp": round(nll["perplexity"], 4),
                "perplexity_increase": round(nll["perplexity"] / float_ppl - 1.0, 5)}
         if name == shipped:
-            generations[name] = [s["top1"] for s in nll["forced"]["sequences"]]
-            agreements[name] = agreement_kpis(judge, prompts, reference, generations[name], teacher_forced=True)
-            row |= {k: v for k, v in agreements[name].items() if not isinstance(v, list)}
+            top1 = [s["top1"] for s in nll["forced"]["sequences"]]
+            agreement = agreement_kpis(judge, prompts, reference, top1, teacher_forced=True)
+            row |= {k: v for k, v in agreement.items() if not isinstance(v, list)}
         rows.append(row)
     ship = next(r for r in rows if r["recipe"] == shipped)
     report = StepReport("llm_accuracy")
@@ -167,7 +167,7 @@ def llm_accuracy(float_pair: Pair, quantized: dict[str, Pair], shipped: str, win
         "perplexity_float_host": float_ppl, "perplexity_qdq_host": ship["perplexity_qdq_host"],
         "perplexity_htp": ship["perplexity_htp"], "perplexity_increase": ship["perplexity_increase"],
         "host_htp_perplexity_gap": abs(ship["perplexity_htp"] - ship["perplexity_qdq_host"]) / ship["perplexity_qdq_host"],
-        **agreements[shipped], "greedy_tie_margin": thresholds.greedy_tie_margin,
+        **agreement, "greedy_tie_margin": thresholds.greedy_tie_margin,
         "greedy_agreement_method": FORCED_METHOD, "forced_shared_tokens": nlls[shipped]["forced"]["shared_tokens"],
         "sweep": {r["recipe"]: {"perplexity_htp": r["perplexity_htp"], "perplexity_qdq_host": r["perplexity_qdq_host"]}
                   for r in rows},
@@ -175,10 +175,10 @@ def llm_accuracy(float_pair: Pair, quantized: dict[str, Pair], shipped: str, win
     }
     # tokens of one prompt are not independent (a prompt that leaves the float path early loses the rest): the
     # prompt is the sample, so the interval is a bootstrap over prompts of their agreeing share
-    shares = (np.array(agreements[shipped]["agreeing_tokens"], dtype=np.float64)
-              / np.array(agreements[shipped]["of_tokens"], dtype=np.float64))
-    agreement = bootstrap(lambda idx: float(shares[idx].mean()), len(shares), bounds=(0.0, 1.0))
-    report.kpis[INTERVALS_KEY] = {"greedy_agreement": floored(agreement, float(shares.mean()), 0.0, 1.0).as_dict(),
+    shares = (np.array(agreement["agreeing_tokens"], dtype=np.float64)
+              / np.array(agreement["of_tokens"], dtype=np.float64))
+    interval = bootstrap(lambda idx: float(shares[idx].mean()), len(shares), bounds=(0.0, 1.0))
+    report.kpis[INTERVALS_KEY] = {"greedy_agreement": floored(interval, float(shares.mean()), 0.0, 1.0).as_dict(),
                                   **perplexity_intervals(float_nll, nlls[shipped])}
     report.limits = [Limit("perplexity_increase", maximum=thresholds.max_perplexity_increase),
                      Limit("host_htp_perplexity_gap", maximum=thresholds.max_host_htp_perplexity_gap),
@@ -187,13 +187,11 @@ def llm_accuracy(float_pair: Pair, quantized: dict[str, Pair], shipped: str, win
         report.limits.append(Limit("perplexity_htp", maximum=thresholds.max_perplexity))
     report.inconclusive.extend(unresolved(report.kpis, report.limits))
     report.tables["perplexity_by_recipe"] = rows
-    ship_agreement = agreements[shipped]
     report.tables["generations"] = [  # the HTP's choice after each prefix of the float answer
         {"prompt": p.text, "float_text": tokenizer.decode(r), "htp_forced_text": tokenizer.decode(g),
          "exact_tokens": m, "agreeing_tokens": c, "of": len(r)}
-        for p, r, g, m, c in zip(prompts, reference, generations[shipped], ship_agreement["exact_tokens"],
-                                 ship_agreement["agreeing_tokens"])]
-    if ship_agreement["greedy_exact_agreement"] < ship_agreement["greedy_agreement"]:
+        for p, r, g, m, c in zip(prompts, reference, top1, agreement["exact_tokens"], agreement["agreeing_tokens"])]
+    if agreement["greedy_exact_agreement"] < agreement["greedy_agreement"]:
         report.notes.append(f"{shipped}: some prompts leave the float model's greedy path at a near-tie (its top two "
                             f"logits within {thresholds.greedy_tie_margin:g}); those tokens count as agreeing, the "
                             "exact figures are greedy_exact_agreement and exact_tokens")

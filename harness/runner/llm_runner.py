@@ -239,14 +239,11 @@ class KvLoop:
         """Return per {"ids", "from"} sequence the argmax tokens after positions from-1 .. len-1, each sequence
         fed after the cache of the sequences' common leading tokens (computed once, never past any from-1)."""
         np = self.np
-        shared = min(s["from"] for s in sequences) - 1
-        first = sequences[0]["ids"]
-        for s in sequences[1:]:
-            shared = min(shared, next((i for i, (a, b) in enumerate(zip(first, s["ids"])) if a != b),
-                                      min(len(first), len(s["ids"]))))
+        common = os.path.commonprefix([s["ids"] for s in sequences])  # element-wise: lists too
+        shared = min(len(common), min(s["from"] for s in sequences) - 1)
         self.reset()
         if shared > 0:
-            self.prefill(first[:shared])
+            self.prefill(common[:shared])
         state = self.snapshot()
         out = []
         for s in sequences:
