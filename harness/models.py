@@ -124,6 +124,9 @@ class _LlmSpec(BaseModel):
     eval_windows: int = Field(48, ge=1, description="held-out windows of AR tokens scored for perplexity")
     kv_bits: Literal[8, 16] | None = Field(None, description="the KV cache's encoding width, 8 or 16 bits, in "
                                                              "every recipe (default: the recipe's activations')")
+    recipe: Literal["w8a16", "w8a8", "w4a16"] | None = Field(
+        None, description="the recipe that ships (default: the smallest whose host QDQ perplexity is decidedly "
+                          "within the limits, harness.llm.shipping)")
     weight_block_size: int | None = Field(None, ge=16, multiple_of=16,
                                           description="the w4a16 recipe's linear weights in blocks of this many "
                                                       "input rows (LPBQ, as AI Hub ships w4a16; a multiple of 16 "
@@ -165,6 +168,7 @@ class LlmFiles:
     eval_windows: int = 48
     kv_bits: int | None = None  # the KV cache's encoding width (None: the recipe's activations')
     weight_block_size: int | None = None  # w4a16's linear weights block-wise (LPBQ) in blocks of this many rows
+    recipe: str | None = None  # the recipe that ships, pinned (None: chosen by harness.llm.shipping)
 
 
 @dataclass(frozen=True)
@@ -483,7 +487,7 @@ def _llm_spec(path: Path, spec: _SpecFile, calib_data: Path | None) -> ModelSpec
                      calib_text=resolve("calib_text", llm.calib_text), prompts=tuple(llm.prompts),
                      max_new_tokens=llm.max_new_tokens, stop_token=llm.stop_token, checkpoint=checkpoint,
                      context_length=llm.context_length, prefill_ar=llm.prefill_ar, eval_windows=llm.eval_windows,
-                     kv_bits=llm.kv_bits, weight_block_size=llm.weight_block_size)
+                     kv_bits=llm.kv_bits, weight_block_size=llm.weight_block_size, recipe=llm.recipe)
     return ModelSpec(name=spec.name or _name_from_path(checkpoint or files.prefill), source=str(path.resolve()),
                      path=None, calib_data=calib_data, thresholds=spec.thresholds, kind="llm", llm=files)
 

@@ -26,6 +26,15 @@ def test_external_and_analytics_scripts_are_removed():
     assert '<script src="app.js"></script>' in cleaned and "allureReportData" in cleaned
 
 
+
+def test_a_table_whose_rows_differ_in_keys_attaches_every_column():
+    # llm_accuracy's perplexity_by_recipe: the shipped recipe's row alone carries its greedy agreement, and it need
+    # not be the first row
+    from harness.reporting.allure import table_csv
+
+    text = table_csv([{"recipe": "w8a16", "perplexity_htp": 60.1}, {"recipe": "w4a16", "greedy_agreement": 0.9}])
+    assert text.splitlines() == ["recipe,perplexity_htp,greedy_agreement", "w8a16,60.1,", "w4a16,,0.9"]
+
 def _cli_or_skip():
     try:
         return find_allure_cli()

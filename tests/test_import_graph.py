@@ -38,7 +38,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("transports", _modules("transports transports.* soc_detect telemetry farm.cooldown")),
     ("runner", _modules("runner.base runner.client runner.server_client runner.qnn_net_run farm farm.* sizing")),
     ("steps", _modules("steps steps.* soak reporting.charts baseline latency_ab llm.calibration llm.blockwise "
-                       "llm.device llm.steps llm.genie_steps llm.genie_config llm.reference llm.ceiling")),
+                       "llm.device llm.steps llm.shipping llm.genie_steps llm.genie_config llm.reference llm.ceiling")),
     ("pipelines", _modules("pipeline_base pipeline llm.pipeline")),
     ("session and reports", _modules("session reporting.allure reporting.summary reporting.report_cli signoff "
                                      "signoff.* profile_view corpus corpus_data")),

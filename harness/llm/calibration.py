@@ -31,7 +31,6 @@ LLM_RECIPES = {
     "w4a16": QuantRecipe(activation_type="QUInt16", weight_type="QUInt8", per_channel=False, label="llm"),
 }
 FOUR_BIT_WEIGHTS = {"w4a16"}
-DEFAULT_RECIPE = "w8a16"
 KV_TYPES = {8: "QUInt8", 16: "QUInt16"}  # the KV cache's encoding by its width (the spec's llm.kv_bits)
 
 

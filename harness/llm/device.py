@@ -86,6 +86,14 @@ def host_nll(prefill: Path, windows: np.ndarray, emulate_qdq: bool = False) -> d
     return {"nll_sum": total, "token_count": count, "perplexity": float(np.exp(total / count)), "windows": rows}
 
 
+def host_forced_top1(pair_prefill: Path, pair_decode: Path, forced: list[tuple[list[int], int]]) -> list[list[int]]:
+    """Return, per (ids, from) sequence, the quantized pair's argmax after each prefix ids[:from] .. ids on the host
+    (its QDQ emulation; the device runner's `nll --sequences` top1, llm_runner.KvLoop.forced_top1)."""
+    loop = llm_runner.KvLoop(np, _host_graph(pair_prefill, "prefill", True), _host_graph(pair_decode, "decode", True))
+    result = loop.forced_top1([{"ids": list(ids), "from": start} for ids, start in forced])
+    return [s["top1"] for s in result["sequences"]]
+
+
 def matched_prefix(a: list[int], b: list[int]) -> int:
     """Return how many leading tokens a and b share."""
     n = 0

@@ -118,7 +118,7 @@ def from_gguf(path: Path, weights: dict[str, np.ndarray], key_of: dict[str, str]
     """Split each fused qkv_proj ([3D, D] rows q, k, v, as llama.cpp writes attn_qkv) into q/k/v_proj, in place."""
     d = config.hidden
     for name in [n for n in weights if ".self_attn.qkv_proj." in n]:
-        fused, kind = weights.pop(name), name.rsplit(".", 1)[1]
+        fused = weights.pop(name)
         if fused.shape[0] != 3 * d:
             raise ModelError(f"{path}: tensor '{key_of[name]}' has {fused.shape[0]} rows; GPT-2 of hidden size {d} needs "
                              f"{3 * d} (Q, K and V)")

@@ -29,13 +29,14 @@ from harness.models import LlmFiles
 __all__ = ["DEFAULT_PROMPTS", "IMPORT_FILE", "checkpoint_digest", "chat_prompt", "import_files", "read_checkpoint",
            "trained_context", "write_import"]
 
-IMPORT_VERSION = 5  # bump when the graphs or files an import writes change (3: 16 default prompts; 4: opset 21;
-# 5: 24 default prompts)
+IMPORT_VERSION = 6  # bump when the graphs or files an import writes change (3: 16 default prompts; 4: opset 21;
+# 5: 24 default prompts; 6: 48)
 IMPORT_FILE = "import.json"
-# 24 short user questions: 16 prompts that all agree are the fewest whose floored interval clears a 0.75 greedy
-# agreement (harness.stats.floored), and a quantized model rarely agrees on every token of every answer (SmolLM2's
-# w8a16: 0.953 [0.769, 0.992] on the first 16, 0.870 [0.734, 0.969] on all 24); each is one teacher-forced pass on
-# the device after the template's shared start
+# 48 short user questions. 16 prompts that all agree are the fewest whose floored interval clears a 0.75 greedy
+# agreement (harness.stats.floored), but a quantized model rarely agrees on every token of every answer: SmolLM2's
+# w8a16 agreed 0.953 [0.769, 0.992] on the first 16 and 0.870 [0.734, 0.969] on the first 24 (two answers leave
+# the float one at their first token), undecided against 0.75. An agreement near 0.87 needs about 40-50 prompts to
+# be decided; each is one teacher-forced pass on the device after the template's shared start.
 DEFAULT_PROMPTS = ("What is the capital of France?", "Name three primary colors.",
                    "How many legs does a spider have?", "Write one sentence about the sea.",
                    "What is the boiling point of water?", "Who wrote Romeo and Juliet?",
@@ -47,7 +48,19 @@ DEFAULT_PROMPTS = ("What is the capital of France?", "Name three primary colors.
                    "What is the opposite of hot?", "How many continents are there?",
                    "What animal is known as the king of the jungle?", "What is frozen water called?",
                    "Who painted the Mona Lisa?", "What is the chemical symbol for gold?",
-                   "How many minutes are in an hour?", "What is the tallest mountain in the world?")
+                   "How many minutes are in an hour?", "What is the tallest mountain in the world?",
+                   "What is the capital of Japan?", "Name a musical instrument with strings.",
+                   "How many sides does a triangle have?", "Write one sentence about the moon.",
+                   "What do cows drink?", "Who was the first person to walk on the moon?",
+                   "What is the fastest land animal?", "How many months are in a year?",
+                   "What does a thermometer measure?", "Name a vegetable that is green.",
+                   "What is ten minus three?", "Which planet is closest to the sun?",
+                   "What language is spoken in Brazil?", "What do spiders spin?",
+                   "How many seconds are in a minute?", "What color are ripe bananas?",
+                   "What is the opposite of up?", "How many wheels does a bicycle have?",
+                   "What is the largest mammal?", "What is the main ingredient of bread?",
+                   "Who discovered gravity?", "What is the chemical symbol for water?",
+                   "How many players are on a soccer team?", "What is the longest river in the world?")
 
 
 def read_checkpoint(path: Path) -> Checkpoint:

@@ -9,13 +9,15 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 from harness import model_sources
 from harness.cache import content_key
 from harness.errors import ConfigError, ModelError, StepError
-from harness.llm import blockwise, calibration, ceiling, convention, genie_steps, importer, reference, steps, text
-from harness.llm.device import FloatJudge
+from harness.llm import (blockwise, calibration, ceiling, convention, genie_steps, importer, reference, shipping,
+                         steps, text)
+from harness.llm.device import FloatJudge, host_forced_top1, host_nll
 from harness.llm.genie_config import write_bundle
 from harness.llm.steps import GRAPHS, Pair
 from harness.models import LlmFiles
@@ -145,10 +147,53 @@ class LlmOnboarding(PipelineBase):
         graph may be hundreds of MB)."""
         return calibration.kv_bytes_of(self.llm_quantized(self.llm_recipe).decode)
 
+    @memoized
+    def llm_eval_windows(self) -> np.ndarray:
+        """The held-out text's perplexity windows [N, AR]."""
+        files, pair = self.llm_files(), self.llm_pair()
+        ids = text.token_ids(self.llm_tokenizer(), text.read_text(files.eval_text, "eval"))
+        return text.nll_windows(ids, pair.prefill_ar, files.eval_windows)
+
+    @memoized
+    def llm_host_nll(self) -> dict[str, dict]:
+        """host_nll on the held-out windows of the float pair ("float") and of each recipe's QDQ emulation."""
+        windows = self.llm_eval_windows()
+        out = {"float": host_nll(self.llm_float_pair().prefill, windows)}
+        for name in calibration.LLM_RECIPES:
+            out[name] = host_nll(self.llm_quantized(name).prefill, windows, emulate_qdq=True)
+        return out
+
+    @memoized
+    def llm_judge(self) -> FloatJudge:
+        """The float pair on the host, judging quantized tokens (greedy_tie_margin)."""
+        floats = self.llm_float_pair()
+        return FloatJudge(floats.prefill, floats.decode, self.target.model.thresholds.greedy_tie_margin)
+
+    @memoized
+    def llm_float_answers(self) -> list[list[int]]:
+        """The float model's greedy answer to each prompt (max_new_tokens, up to the stop token)."""
+        files = self.llm_files()
+        stop = text.stop_id(files, self.llm_tokenizer())
+        return [r["generated_ids"] for r in self.llm_judge().generate([p.ids for p in self.llm_prompts()],
+                                                                       files.max_new_tokens, stop)]
+
+    def llm_host_agreement(self, recipe: str) -> dict:
+        """The recipe's greedy agreement in the host's QDQ emulation, teacher-forced (steps.agreement_kpis)."""
+        prompts, reference, pair = self.llm_prompts(), self.llm_float_answers(), self.llm_quantized(recipe)
+        top1 = host_forced_top1(pair.prefill, pair.decode, steps.forced_sequences(prompts, reference))
+        return steps.agreement_kpis(self.llm_judge(), prompts, reference, top1, teacher_forced=True)
+
+    @memoized
+    def llm_recipe_choice(self) -> shipping.RecipeChoice:
+        """The recipe that ships and why (harness.llm.shipping), from the host's QDQ runs of every recipe."""
+        host = self.llm_host_nll()
+        return shipping.choose_recipe(host["float"], {n: host[n] for n in calibration.LLM_RECIPES},
+                                      self.target.model.thresholds, self.llm_files().recipe, self.llm_host_agreement)
+
     @property
     def llm_recipe(self) -> str:
-        """The recipe that ships."""
-        return calibration.DEFAULT_RECIPE
+        """The recipe that ships: the spec's llm.recipe, else llm_recipe_choice's."""
+        return self.llm_files().recipe or self.llm_recipe_choice().recipe
 
     # ------------------------------------------------------------------ steps
 
@@ -178,21 +223,21 @@ class LlmOnboarding(PipelineBase):
                                                        self.target.model.thresholds, quantized_model=shipped.graph(g))
                       for g in GRAPHS}
         weights = feasibility.weights_bytes(onnx.load(str(shipped.prefill)))
-        return steps.llm_feasibility(placements, self.llm_pair(), weights,
-                                     calibration.activation_bytes(self.llm_recipe),
-                                     self.llm_kv_bytes(), self.target.soc,
-                                     self.target.model.thresholds, importer.trained_context(self.llm_files()))
+        report = steps.llm_feasibility(placements, self.llm_pair(), weights,
+                                       calibration.activation_bytes(self.llm_recipe),
+                                       self.llm_kv_bytes(), self.target.soc,
+                                       self.target.model.thresholds, importer.trained_context(self.llm_files()))
+        report.kpis["recipe"] = self.llm_recipe  # the form placed and sized: the one that ships
+        return report
 
     @memoized
     def llm_accuracy(self) -> StepReport:
         """LLM Step 3: perplexity on host and HTP, greedy agreement, the recipe sweep."""
-        files, tokenizer, pair = self.llm_files(), self.llm_tokenizer(), self.llm_pair()
-        ids = text.token_ids(tokenizer, text.read_text(files.eval_text, "eval"))
-        windows = text.nll_windows(ids, pair.prefill_ar, files.eval_windows)
-        prompts = text.prompts(files, tokenizer, pair.context_length, files.max_new_tokens)
+        files = self.llm_files()
         quantized = {name: self.llm_quantized(name) for name in calibration.LLM_RECIPES}
-        report = steps.llm_accuracy(self.llm_float_pair(), quantized, self.llm_recipe, windows, prompts,
-                                    files.max_new_tokens, text.stop_id(files, tokenizer), tokenizer, self.runner,
+        report = steps.llm_accuracy(self.llm_judge(), self.llm_float_answers(), quantized, self.llm_recipe_choice(),
+                                    self.llm_host_nll(), self.llm_eval_windows(), self.llm_prompts(),
+                                    files.max_new_tokens, self.llm_tokenizer(), self.runner,
                                     self.target.model.thresholds)
         four_bit = next(iter(calibration.FOUR_BIT_WEIGHTS))
         lpbq = blockwise.lpbq_weights(onnx.load(str(quantized[four_bit].prefill), load_external_data=False))
@@ -210,7 +255,9 @@ class LlmOnboarding(PipelineBase):
     @memoized
     def llm_context_binary(self) -> StepReport:
         """LLM Step 4 report."""
-        return steps.llm_context_binary(self.llm_context_binaries(), self.target.soc.id)
+        report = steps.llm_context_binary(self.llm_context_binaries(), self.target.soc.id)
+        report.kpis["recipe"] = self.llm_recipe
+        return report
 
     @memoized
     def llm_genie_bundle(self) -> Path:
@@ -231,11 +278,8 @@ class LlmOnboarding(PipelineBase):
         """LLM Step 5: Genie dialogs on the device over the prompts, with Genie's own profile."""
         bundle, files, pair = self.llm_genie_bundle(), self.llm_files(), self.llm_pair()
         device = genie_steps.push_bundle(self.runner, bundle, bundle.name)
-        floats = self.llm_float_pair()
-        judge = FloatJudge(floats.prefill, floats.decode, self.target.model.thresholds.greedy_tie_margin)
-        prompts = self.llm_prompts()
-        reference = self.llm_accuracy().kpis["float_generations"]
-        report = genie_steps.genie_runtime(self.runner, device, prompts, files.max_new_tokens, judge, reference,
+        prompts, reference = self.llm_prompts(), self.llm_float_answers()
+        report = genie_steps.genie_runtime(self.runner, device, prompts, files.max_new_tokens, self.llm_judge(), reference,
                                            self.llm_tokenizer(), pair.context_length, self.target.model.thresholds,
                                            self._run_dir("genie_runtime"))
         report.kpis |= ceiling.decode_ceiling(self.llm_quantized(self.llm_recipe).decode,

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.kpi import INTERVALS_KEY, Limit
+from harness.kpi import INTERVALS_KEY, Interval, Limit
 from harness.devices import SocSpec
 from harness.llm import convention, memory
-from harness.llm.device import FloatJudge, device_nll, host_nll, matched_prefix
+from harness.llm.device import FloatJudge, device_nll, matched_prefix
 from harness.llm.text import TokenizedPrompt
 from harness.models import Thresholds
 from harness.runner.base import latency_source
@@ -129,31 +129,50 @@ def agreement_kpis(judge: FloatJudge, prompts: list[TokenizedPrompt], reference:
             "agreeing_tokens": consistent, "exact_tokens": exact, "of_tokens": of}
 
 
+def agreement_interval(agreement: dict) -> Interval:
+    """Return greedy agreement's 95 % interval from agreement_kpis: a bootstrap over prompts of their agreeing share
+    (tokens of one prompt are not independent: one that leaves the float path early loses the rest), floored."""
+    shares = (np.array(agreement["agreeing_tokens"], dtype=np.float64)
+              / np.array(agreement["of_tokens"], dtype=np.float64))
+    interval = bootstrap(lambda idx: float(shares[idx].mean()), len(shares), bounds=(0.0, 1.0))
+    return floored(interval, float(shares.mean()), 0.0, 1.0)
+
+
+def forced_sequences(prompts: list[TokenizedPrompt], reference: list[list[int]]) -> list[tuple[list[int], int]]:
+    """Return the teacher-forced (ids, from) sequences: each prompt with its float answer but the last token."""
+    return [([*p.ids, *r[:-1]], len(p.ids)) for p, r in zip(prompts, reference)]
+
+
 FORCED_METHOD = ("teacher-forced: the HTP's argmax after each prefix of the float model's greedy answer (Genie's "
                  "step checks free-running generation)")
 
 
-def llm_accuracy(float_pair: Pair, quantized: dict[str, Pair], shipped: str, windows: np.ndarray,
-                 prompts: list[TokenizedPrompt], max_new: int, stop_id: int | None, tokenizer,
+def llm_accuracy(judge: FloatJudge, reference: list[list[int]], quantized: dict[str, Pair], choice,
+                 host: dict[str, dict], windows: np.ndarray, prompts: list[TokenizedPrompt], max_new: int, tokenizer,
                  runner: DeviceRunner, thresholds: Thresholds) -> StepReport:
     """Return the LLM accuracy report: held-out perplexity of the float pair (host) and of each quantized recipe
-    (host QDQ emulation and the device's HTP), the shipped recipe's greedy agreement on the HTP with the float
-    model's greedy answers (teacher-forced: one pass over each prompt and answer, after the prompts' shared
-    leading tokens), and limits on the shipped recipe."""
-    ids = [p.ids for p in prompts]
-    float_nll = host_nll(float_pair.prefill, windows)
+    (host QDQ emulation, `host`'s host_nll results by recipe and "float", and the device's HTP, where the host has
+    not already decided the recipe fails), the shipped recipe (`choice`, a shipping.RecipeChoice) and why, its
+    greedy agreement on the HTP with the float model's greedy answers (`reference`, judged by `judge`;
+    teacher-forced: one pass over each prompt and answer, after the prompts' shared leading tokens), and limits on
+    the shipped recipe."""
+    shipped = choice.recipe
+    float_nll = host["float"]
     float_ppl = float_nll["perplexity"]
-    judge = FloatJudge(float_pair.prefill, float_pair.decode, thresholds.greedy_tie_margin)
-    reference = [r["generated_ids"] for r in judge.generate(ids, max_new, stop_id)]
-    forced = [([*p, *r[:-1]], len(p)) for p, r in zip(ids, reference)]
+    forced = forced_sequences(prompts, reference)
     rows, nlls, top1, agreement = [], {}, [], {}
     for name, pair in quantized.items():  # the others swept by perplexity: the shipped one's answers too
-        qdq_ppl = host_nll(pair.prefill, windows, emulate_qdq=True)["perplexity"]
+        judged = choice.host.get(name, {})
+        row = {"recipe": name, "shipped": name == shipped, "perplexity_float_host": round(float_ppl, 4),
+               "perplexity_qdq_host": round(host[name]["perplexity"], 4), "host_verdict": judged.get("verdict"),
+               "perplexity_htp": None, "perplexity_increase": None}
+        if name != shipped and choice.host_failed(name):  # the HTP's figure could not change the verdict
+            rows.append(row)
+            continue
         nll = nlls[name] = device_nll(runner, pair.prefill, windows, forced=forced if name == shipped else None,
                                       decode=pair.decode)
-        row = {"recipe": name, "shipped": name == shipped, "perplexity_float_host": round(float_ppl, 4),
-               "perplexity_qdq_host": round(qdq_ppl, 4), "perplexity_htp": round(nll["perplexity"], 4),
-               "perplexity_increase": round(nll["perplexity"] / float_ppl - 1.0, 5)}
+        row |= {"perplexity_htp": round(nll["perplexity"], 4),
+                "perplexity_increase": round(nll["perplexity"] / float_ppl - 1.0, 5)}
         if name == shipped:
             top1 = [s["top1"] for s in nll["forced"]["sequences"]]
             agreement = agreement_kpis(judge, prompts, reference, top1, teacher_forced=True)
@@ -169,16 +188,12 @@ def llm_accuracy(float_pair: Pair, quantized: dict[str, Pair], shipped: str, win
         "host_htp_perplexity_gap": abs(ship["perplexity_htp"] - ship["perplexity_qdq_host"]) / ship["perplexity_qdq_host"],
         **agreement, "greedy_tie_margin": thresholds.greedy_tie_margin,
         "greedy_agreement_method": FORCED_METHOD, "forced_shared_tokens": nlls[shipped]["forced"]["shared_tokens"],
-        "sweep": {r["recipe"]: {"perplexity_htp": r["perplexity_htp"], "perplexity_qdq_host": r["perplexity_qdq_host"]}
-                  for r in rows},
+        "sweep": {r["recipe"]: {"perplexity_htp": r["perplexity_htp"], "perplexity_qdq_host": r["perplexity_qdq_host"],
+                                "host_verdict": r["host_verdict"]} for r in rows},
+        "recipe_rule": choice.rule, "recipe_host": choice.host,
         "source": latency_source("htp", runner.device_platform()[0]),
     }
-    # tokens of one prompt are not independent (a prompt that leaves the float path early loses the rest): the
-    # prompt is the sample, so the interval is a bootstrap over prompts of their agreeing share
-    shares = (np.array(agreement["agreeing_tokens"], dtype=np.float64)
-              / np.array(agreement["of_tokens"], dtype=np.float64))
-    interval = bootstrap(lambda idx: float(shares[idx].mean()), len(shares), bounds=(0.0, 1.0))
-    report.kpis[INTERVALS_KEY] = {"greedy_agreement": floored(interval, float(shares.mean()), 0.0, 1.0).as_dict(),
+    report.kpis[INTERVALS_KEY] = {"greedy_agreement": agreement_interval(agreement).as_dict(),
                                   **perplexity_intervals(float_nll, nlls[shipped])}
     report.limits = [Limit("perplexity_increase", maximum=thresholds.max_perplexity_increase),
                      Limit("host_htp_perplexity_gap", maximum=thresholds.max_host_htp_perplexity_gap),
@@ -195,6 +210,11 @@ def llm_accuracy(float_pair: Pair, quantized: dict[str, Pair], shipped: str, win
         report.notes.append(f"{shipped}: some prompts leave the float model's greedy path at a near-tie (its top two "
                             f"logits within {thresholds.greedy_tie_margin:g}); those tokens count as agreeing, the "
                             "exact figures are greedy_exact_agreement and exact_tokens")
+    skipped = [r["recipe"] for r in rows if r["perplexity_htp"] is None]
+    if skipped:
+        report.notes.append(f"not run on the HTP: {', '.join(skipped)} (the host's QDQ perplexity already fails the "
+                            "limits decidedly)")
+    report.notes.append(f"{shipped} ships: {choice.rule}")
     report.kpis["float_generations"] = reference
     return report
 

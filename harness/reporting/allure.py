@@ -22,11 +22,12 @@ from harness.steps.report import StepReport
 
 
 def table_csv(rows: list[dict[str, Any]]) -> str:
-    """Return rows (dicts with the same keys) as CSV text."""
+    """Return rows as CSV text: a column per key of any row, in the order first seen (a row without one leaves it
+    empty)."""
     if not rows:
         return ""
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
+    writer = csv.DictWriter(buf, fieldnames=list(dict.fromkeys(k for row in rows for k in row)))
     writer.writeheader()
     writer.writerows(rows)
     return buf.getvalue()

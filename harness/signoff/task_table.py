@@ -68,7 +68,8 @@ def task_rows(runs: RunSet) -> list[TaskRow]:
 
 
 def _perplexity_rows(runs: RunSet, device: str, soc: str, model: str) -> list[TaskRow]:
-    """Return the llm_accuracy record's perplexity rows: one per recipe it measured on the HTP, the shipped one's
+    """Return the llm_accuracy record's perplexity rows: one per recipe (those the host's QDQ run
+    already failed not run on the HTP), the shipped one's
     ratio interval from its perplexity_increase interval (ratio = 1 / (1 + increase))."""
     record = runs.result(device, model, "llm_accuracy")
     if record is None or record.kpis.get("perplexity_float_host") is None:
@@ -83,5 +84,5 @@ def _perplexity_rows(runs: RunSet, device: str, soc: str, model: str) -> list[Ta
                              increase.method, increase.confidence) if shipped and increase is not None else None)
         rows.append(TaskRow(device, soc, model, "llm_accuracy", f"{recipe}{' (shipped)' if shipped else ''}",
                             "perplexity", value, floating, floating / value if value else None, interval,
-                            windows, record.outcome if shipped else "measured"))
+                            windows, record.outcome if shipped else "measured" if value else "host QDQ failed"))
     return rows

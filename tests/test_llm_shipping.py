@@ -1,0 +1,83 @@
+"""Which LLM recipe ships (harness.llm.shipping): the smallest whose host QDQ perplexity is decidedly within the
+limits, judged on the paired bootstrap interval over the held-out windows; the most accurate when none is; the
+spec's llm.recipe when pinned."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from harness.llm import shipping
+from harness.models import Thresholds
+
+WINDOWS = 24
+
+
+@pytest.fixture
+def floating() -> dict:
+    """A host_nll-shaped float run: 24 windows of 31 tokens, of differing difficulty (per-token NLL 3.5 +- 0.3)."""
+    rng = np.random.default_rng(1)
+    rows = [{"nll": float(31 * (3.5 + d)), "count": 31} for d in rng.normal(0.0, 0.3, WINDOWS)]
+    total = sum(r["nll"] for r in rows)
+    return {"nll_sum": total, "token_count": 31 * WINDOWS, "perplexity": float(np.exp(total / (31 * WINDOWS))),
+            "windows": rows}
+
+
+def _over(floating: dict, increase: float, spread: float, seed: int) -> dict:
+    """A quantized run of floating's windows: each window's NLL raised by log(1 + increase) per token, +- spread."""
+    rng = np.random.default_rng(seed)
+    rows = [{"nll": w["nll"] + w["count"] * (np.log1p(increase) + rng.normal(0.0, spread)), "count": w["count"]}
+            for w in floating["windows"]]
+    total = sum(r["nll"] for r in rows)
+    count = sum(r["count"] for r in rows)
+    return {"nll_sum": total, "token_count": count, "perplexity": float(np.exp(total / count)), "windows": rows}
+
+
+def test_the_smallest_recipe_decidedly_within_the_limit_ships(floating):
+    runs = {"w8a16": _over(floating, 0.01, 0.01, 2), "w8a8": _over(floating, 0.04, 0.01, 3),
+            "w4a16": _over(floating, 0.50, 0.05, 4)}
+    choice = shipping.choose_recipe(floating, runs, Thresholds())
+    assert list(choice.host) == ["w4a16", "w8a8", "w8a16"]  # tried by weight bits, then activation bits
+    assert (choice.recipe, choice.rule) == ("w8a8", shipping.RULE_SMALLEST)
+    assert choice.host["w4a16"]["verdict"] == "failed" and choice.host_failed("w4a16")
+    assert choice.host["w8a8"]["interval"]["high"] < 0.10 and not choice.host_failed("w8a16")
+
+
+def test_a_recipe_whose_interval_straddles_the_limit_does_not_ship_and_is_not_called_failed(floating):
+    # w4a16 at +10 % with windows spread +-10 %: the interval holds the limit, so a smaller recipe is not shipped
+    # on a guess; the HTP still measures it (host_failed is False)
+    straddling = _over(floating, 0.0, 0.0, 7)
+    for k, window in enumerate(straddling["windows"]):  # alternate windows +0 % and +20 % per token
+        window["nll"] += window["count"] * np.log1p(0.20) * (k % 2)
+    straddling["perplexity"] = float(np.exp(sum(w["nll"] for w in straddling["windows"]) / straddling["token_count"]))
+    runs = {"w8a16": _over(floating, 0.0, 0.01, 5), "w8a8": _over(floating, 3.0, 0.1, 6), "w4a16": straddling}
+    choice = shipping.choose_recipe(floating, runs, Thresholds())
+    assert choice.host["w4a16"]["verdict"] == "inconclusive" and not choice.host_failed("w4a16")
+    assert choice.recipe == "w8a16"
+
+
+def test_when_none_is_within_the_limits_the_most_accurate_ships(floating):
+    runs = {"w8a16": _over(floating, 0.30, 0.01, 8), "w8a8": _over(floating, 2.0, 0.01, 9),
+            "w4a16": _over(floating, 0.80, 0.01, 10)}
+    choice = shipping.choose_recipe(floating, runs, Thresholds())
+    assert (choice.recipe, choice.rule) == ("w8a16", shipping.RULE_MOST_ACCURATE)
+    assert all(row["verdict"] == "failed" for row in choice.host.values())
+
+
+def test_an_absolute_perplexity_limit_counts_too(floating):
+    # llm.max_perplexity judges the QDQ perplexity itself, whose interval spans the windows' differing difficulty
+    runs = {"w8a16": _over(floating, 0.01, 0.01, 11), "w8a8": _over(floating, 0.02, 0.01, 12),
+            "w4a16": _over(floating, 0.05, 0.01, 13)}
+    choice = shipping.choose_recipe(floating, runs, Thresholds(max_perplexity=floating["perplexity"] * 1.8))
+    assert choice.recipe == "w4a16"
+    choice = shipping.choose_recipe(floating, runs, Thresholds(max_perplexity=floating["perplexity"] * 0.5))
+    assert choice.rule == shipping.RULE_MOST_ACCURATE and choice.recipe == "w8a16"
+    assert all(row["verdict"] == "failed" for row in choice.host.values())
+
+
+def test_a_pinned_recipe_ships_whatever_the_host_says(floating):
+    runs = {"w8a16": _over(floating, 0.01, 0.01, 14), "w8a8": _over(floating, 0.01, 0.01, 15),
+            "w4a16": _over(floating, 0.01, 0.01, 16)}
+    choice = shipping.choose_recipe(floating, runs, Thresholds(), pinned="w8a16")
+    assert (choice.recipe, choice.rule) == ("w8a16", shipping.RULE_PINNED)
+    assert choice.host["w4a16"]["verdict"] == "passed"  # still reported: the sweep shows what was given up
