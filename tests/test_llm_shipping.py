@@ -81,3 +81,22 @@ def test_a_pinned_recipe_ships_whatever_the_host_says(floating):
     choice = shipping.choose_recipe(floating, runs, Thresholds(), pinned="w8a16")
     assert (choice.recipe, choice.rule) == ("w8a16", shipping.RULE_PINNED)
     assert choice.host["w4a16"]["verdict"] == "passed"  # still reported: the sweep shows what was given up
+
+
+def test_greedy_agreement_is_asked_in_footprint_order_only_where_perplexity_does_not_fail(floating):
+    # tiny_gpt's w4a16: perplexity within 1 % of float, yet its greedy answers leave float's early
+    runs = {"w8a16": _over(floating, 0.0, 0.01, 17), "w8a8": _over(floating, 0.5, 0.01, 18),
+            "w4a16": _over(floating, 0.01, 0.01, 19)}
+    agreeing = {"w4a16": [2, 8, 0, 3] * 4, "w8a16": [8] * 16}
+    asked = []
+
+    def agreement_of(recipe: str) -> dict:
+        asked.append(recipe)
+        tokens = agreeing[recipe]
+        return {"greedy_agreement": sum(tokens) / (8 * len(tokens)), "agreeing_tokens": tokens, "of_tokens": [8] * 16}
+
+    choice = shipping.choose_recipe(floating, runs, Thresholds(), agreement_of=agreement_of)
+    assert asked == ["w4a16", "w8a16"]  # w8a8 fails on perplexity: its answers are not needed
+    assert choice.host["w4a16"]["verdict"] == "failed" and choice.host["w4a16"]["greedy_agreement_interval"]["high"] < 0.75
+    assert (choice.recipe, choice.rule) == ("w8a16", shipping.RULE_SMALLEST)
+    assert choice.host["w8a16"]["greedy_agreement_interval"]["low"] > 0.75
