@@ -21,6 +21,7 @@ from harness.errors import ConfigError
 from harness.llm.export import export_pair
 from harness.llm.genie_config import (CONFIG_FILE, EXTENSIONS_FILE, TOKENIZER_FILE, genie_config,
                                       htp_backend_ext_config, write_bundle)
+from harness.llm.genie_steps import stress_prompts
 from harness.llm.gpt import GptConfig, random_weights
 from harness.runner import genie_runner as gr
 from harness.runner import llm_runner as lr
@@ -297,6 +298,39 @@ def test_stress_fills_the_context_without_errors_or_unbounded_memory(bundle, dev
     assert len(result["rss_after_round_mb"]) == 2 and len(result["rss_series"]) >= 2
     assert result["rss_growth_mb"] < 0.5 * result["rss_start_mb"]
     assert [p["t_s"] for p in result["token_rate_series"]] == sorted(p["t_s"] for p in result["token_rate_series"])
+
+
+def test_stress_prompts_reach_the_context_through_the_prompt():
+    ids = np.arange(100, 150)  # shorter than the prompts together: cut again from its start
+    prompts = stress_prompts(ids, 128, 8)
+    assert [len(p) for p in prompts] == [8, 64, 120]  # the longest one and its 8 new tokens fill the context
+    assert prompts[0] == list(range(100, 108)) and prompts[1][:2] == [108, 109] and prompts[1][42] == 100
+    assert [len(p) for p in stress_prompts(ids, 16, 12, count=4)] == [4, 4, 4, 4]  # 8 would leave no room
+    with pytest.raises(ConfigError, match=r"--genie-stress-new-tokens 128: .* \(at most 127 new tokens\)"):
+        stress_prompts(ids, 128, 128)
+
+
+def test_stress_generates_the_new_tokens_with_the_last_query_filling_the_context(bundle, device_bin, tokenizer,
+                                                                                 tmp_path):
+    ids = np.asarray(tokenizer.encode(" ".join(TEXT_PROMPTS)).ids)
+    prompts = stress_prompts(ids, CFG.context, 3)
+    rc, result, stderr = run_genie(device_bin, "stress", "--config", str(bundle), "--prompts",
+                                   write_prompts(tmp_path / "p.json", prompts[::-1]), "--rounds", "1",
+                                   "--concurrent", "1", "--max_new", "3", "--output_dir", str(tmp_path / "out"))
+    assert rc == 0, stderr
+    queries = result["queries"]
+    assert result["errors"] == 0 and [q["num_prompt_tokens"] for q in queries] == [len(p) for p in prompts]
+    assert all(q["max_new"] == q["num_generated_tokens"] == 3 for q in queries)
+    assert queries[-1]["num_prompt_tokens"] + queries[-1]["num_generated_tokens"] == CFG.context
+    # a prompt longer than --max_new allows is capped to the room left; one that fills the context is refused
+    rc, result, stderr = run_genie(device_bin, "stress", "--config", str(bundle), "--prompts",
+                                   write_prompts(tmp_path / "p2.json", [prompts[-1] + [5, 6]]), "--rounds", "1",
+                                   "--concurrent", "1", "--max_new", "3", "--output_dir", str(tmp_path / "out2"))
+    assert rc == 0 and result["queries"][0]["max_new"] == result["queries"][0]["num_generated_tokens"] == 1, stderr
+    rc, result, _ = run_genie(device_bin, "stress", "--config", str(bundle), "--prompts",
+                              write_prompts(tmp_path / "p3.json", [[5] * CFG.context]), "--max_new", "3",
+                              "--output_dir", str(tmp_path / "out3"))
+    assert rc == 2 and f"prompt 0 of {CFG.context} token ids is {CFG.context} tokens; the context holds" in result["error"]
 
 
 # --- bad input ---------------------------------------------------------------------------------------------

@@ -29,9 +29,11 @@ stress   --config ... --prompts ... [--rounds R] [--concurrent K] [--max_new N] 
          --output_dir OUT: K workers at once (threads over separate GenieDialog handles in this process, or
          copies of this runner), each running R dialogs in sequence (create, every prompt in increasing
          token length with a reset before each and max_new = context - prompt tokens, or --max_new if
-         smaller, so a query fills the context; free). Per query: worker, round, start/end on one clock,
-         tokens, tokens/s, time to first token, the text (or ids), Genie status name. VmRSS sampled every
-         --rss_interval_s. Processes by default: separate GenieDialog handles queried at once from threads of one
+         smaller: without --max_new every query fills the context by generating; the harness passes a small
+         --max_new with prompts reaching the context, the longest one and its new tokens filling it; free).
+         A prompt that leaves no room (context tokens or more) is refused as in dialog. Per query: worker,
+         round, start/end on one clock, tokens, tokens/s, time to first token, the text (or ids), Genie status
+         name. VmRSS sampled every --rss_interval_s. Processes by default: separate GenieDialog handles queried at once from threads of one
          process gave the same greedy output as one alone, but crashed libGenie 1.21 on the HTP simulator now and
          then (SIGSEGV, more often on a 4-layer model); processes isolate that, as a phone app holds one dialog.
          The workers meet after each round (every dialog freed) and the RSS is sampled there: rss_start_mb
@@ -826,7 +828,7 @@ def parse_args(argv):
     s = sub.add_parser("stress", parents=[common], help="repeated and concurrent dialogs up to the full context")
     s.add_argument("--rounds", type=int, default=3, help="dialogs in sequence per worker")
     s.add_argument("--concurrent", type=int, default=1, help="workers at once, each with its own dialog")
-    s.add_argument("--max_new", type=int, default=0, help="cap on generated tokens (default: fill the context)")
+    s.add_argument("--max_new", type=int, default=0, help="cap on generated tokens per query (default: fill the context)")
     s.add_argument("--mode", choices=["threads", "processes"], default="processes",
                    help="concurrent dialogs as processes (default) or threads of one process: two dialogs of one "
                         "process crash libGenie 1.21 on the HTP simulator now and then (SIGSEGV)")
