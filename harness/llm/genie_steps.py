@@ -3,8 +3,8 @@
 genie_runtime  Genie dialogs over the prompts: Genie's own profile (init time, time to first token, prompt and
                generation rates) and its tokens checked against the float model's greedy choice
 genie_stress   the seed's genie-to-qnn-stress: dialogs in sequence and concurrently, prompts of increasing
-               length up to the full context (the longest prompt and its few new tokens fill it exactly); errors,
-               the runner's memory growth, token rate over time
+               length up to the full context (a few new tokens each, the longest generating to the context's end);
+               errors, the runner's memory growth, token rate over time
 The driver is harness/runner/genie_runner.py (ctypes over libGenie.so, or a device's genie-t2t-run).
 """
 
@@ -127,18 +127,21 @@ def genie_runtime(runner: DeviceRunner, device: GenieDevice, prompts: list[Token
     return report
 
 
-def stress_prompts(ids: np.ndarray, context_length: int, new_tokens: int, count: int = 3) -> list[list[int]]:
+def stress_prompts(ids: np.ndarray, context_length: int, prefill_ar: int, new_tokens: int,
+                   count: int = 3) -> list[list[int]]:
     """Return `count` prompts of increasing length cut one after another from ids (repeated when too short): the
-    shortest 8 tokens (fewer in a smaller context), the longest context_length - new_tokens, so that it and its
-    new_tokens generated tokens fill the context exactly. The context is filled through the prompt (a prefill
-    call takes the prefill graph's AR tokens at once, a decode call one) and each query generates new_tokens."""
+    shortest 8 tokens (fewer in a smaller context), the longest context_length - new_tokens, or the most Genie
+    takes (context_length - prefill_ar + 1: Genie 1.21 answers a longer prompt GENIE_STATUS_WARNING_CONTEXT_EXCEEDED
+    with nothing generated) when that is less. The context is filled through the prompt (a prefill call takes
+    prefill_ar tokens at once, a decode call one): each query generates new_tokens but the longest, which the
+    runner lets generate to the context's end (at most prefill_ar - 1 tokens more than new_tokens)."""
     if not 1 <= new_tokens < context_length:
         raise ConfigError(f"--genie-stress-new-tokens {new_tokens}: the stress queries generate at least 1 token and "
                           f"leave at least 1 prompt token in the {context_length}-token context (at most "
                           f"{context_length - 1} new tokens)")
     if len(ids) == 0:
         raise ConfigError("the evaluation text has no tokens to cut the stress prompts from")
-    longest = context_length - new_tokens
+    longest = max(1, min(context_length - new_tokens, context_length - prefill_ar + 1))
     lengths = np.linspace(min(8, longest), longest, num=count).round().astype(int)
     stream = np.resize(ids, int(lengths.sum()))
     bounds = np.concatenate([[0], np.cumsum(lengths)])
@@ -148,8 +151,9 @@ def stress_prompts(ids: np.ndarray, context_length: int, new_tokens: int, count:
 def genie_stress(runner: DeviceRunner, device: GenieDevice, prompts: list[list[int]], new_tokens: int, rounds: int,
                  concurrent: int, thresholds: Thresholds, out_dir: Path) -> StepReport:
     """Return the Genie stress report: `concurrent` workers each running `rounds` dialogs over prompts of
-    increasing length (stress_prompts), each query generating at most new_tokens (fewer where the context ends);
-    errors, memory growth, token rate over time, and how far the queries reached into the context."""
+    increasing length (stress_prompts), each query generating new_tokens but the longest, which the runner lets
+    generate to the context's end; errors, memory growth, token rate over time, and how far the queries reached
+    into the context."""
     if device.flags:  # genie-t2t-run is one process per prompt: stress the C API driver it shares the config with
         device = GenieDevice(device.config, ())
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -195,9 +199,10 @@ def genie_stress(runner: DeviceRunner, device: GenieDevice, prompts: list[list[i
                                "start_s", "end_s", "time_to_first_token_ms", "tokens_per_s", "status_name",
                                "error_name")} for q in queries]
     lengths = ", ".join(str(n) for n in sorted(map(len, prompts)))
-    report.notes.append(f"the context is filled by the prompt: prompts of {lengths} tokens, each query generating at "
-                        f"most {new_tokens} (the longest prompt and its new tokens make the {context or '?'}-token "
-                        "context)")
+    fill = f"{context - max(map(len, prompts))} tokens, to the context's end" if context else "to the context's end"
+    report.notes.append(f"the context is filled mostly by the prompt (a prefill call takes the prefill graph's AR "
+                        f"tokens at once): prompts of {lengths} tokens, each query generating {new_tokens} tokens but "
+                        f"the longest, which generates {fill} (Genie takes at most context - AR + 1 prompt tokens)")
     if reached and context and max(reached) < context:
         report.notes.append(f"no query reached the context's end: at most {max(reached)} of {context} tokens (a query "
                             "ends early at the end-of-text token)")

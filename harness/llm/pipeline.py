@@ -251,7 +251,7 @@ class LlmOnboarding(PipelineBase):
         ids = text.token_ids(self.llm_tokenizer(), text.read_text(files.eval_text, "eval"))
         options = self.validation
         new_tokens = options.genie_stress_new_tokens
-        prompts = genie_steps.stress_prompts(ids, pair.context_length, new_tokens)
+        prompts = genie_steps.stress_prompts(ids, pair.context_length, pair.prefill_ar, new_tokens)
         return genie_steps.genie_stress(self.runner, device, prompts, new_tokens,
                                         options.genie_stress_rounds, options.genie_stress_concurrent,
                                         self.target.model.thresholds, self._run_dir("genie_stress"))
