@@ -37,8 +37,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--genie-stress-concurrent", type=_sessions, default=2, metavar="N",
                     help="genie_stress step (kind llm): dialogs at once, one process each (default 2)")
     group.addoption("--genie-stress-new-tokens", type=_tokens, default=8, metavar="N",
-                    help="genie_stress step (kind llm): tokens generated per query (default 8); the prompts reach "
-                         "the full context, the longest one and its N new tokens filling it exactly")
+                    help="genie_stress step (kind llm): tokens generated per query (default 8) but the longest "
+                         "prompt's, which generates to the context's end (the prompts reach the context)")
     group.addoption("--skip-validation", action="store_true",
                     help='leave out Step 7, validation (the same as -m "not validation")')
 
