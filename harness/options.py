@@ -107,6 +107,7 @@ class ValidationOptions:
     concurrency_mode: str = "threads"
     genie_stress_rounds: int = 2  # LLM path: dialogs in sequence per worker
     genie_stress_concurrent: int = 2  # LLM path: workers (processes) at once
+    genie_stress_new_tokens: int = 8  # LLM path: tokens generated per stress query (the prompt fills the context)
 
     def __post_init__(self) -> None:
         if self.soak_duration_s is not None and self.soak_duration_s < WINDOW_S:
@@ -115,6 +116,8 @@ class ValidationOptions:
                               f"{DEVICE.soak_s:g} s on adb/SSH devices)")
         if self.sessions < 1:
             raise ConfigError(f"--concurrency {self.sessions} must be at least 1")
+        if self.genie_stress_new_tokens < 1:
+            raise ConfigError(f"--genie-stress-new-tokens {self.genie_stress_new_tokens} must be at least 1")
 
     @staticmethod
     def lengths(telemetry_source: str) -> RunLengths:

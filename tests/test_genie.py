@@ -21,6 +21,7 @@ from harness.errors import ConfigError
 from harness.llm.export import export_pair
 from harness.llm.genie_config import (CONFIG_FILE, EXTENSIONS_FILE, TOKENIZER_FILE, genie_config,
                                       htp_backend_ext_config, write_bundle)
+from harness.llm.genie_steps import stress_prompts
 from harness.llm.gpt import GptConfig, random_weights
 from harness.runner import genie_runner as gr
 from harness.runner import llm_runner as lr
@@ -297,6 +298,44 @@ def test_stress_fills_the_context_without_errors_or_unbounded_memory(bundle, dev
     assert len(result["rss_after_round_mb"]) == 2 and len(result["rss_series"]) >= 2
     assert result["rss_growth_mb"] < 0.5 * result["rss_start_mb"]
     assert [p["t_s"] for p in result["token_rate_series"]] == sorted(p["t_s"] for p in result["token_rate_series"])
+
+
+def test_stress_prompts_reach_the_context_through_the_prompt():
+    ids = np.arange(100, 150)  # shorter than the prompts together: cut again from its start
+    prompts = stress_prompts(ids, 128, 32, 8)
+    assert [len(p) for p in prompts] == [8, 52, 97]  # the longest as long as Genie takes (context - AR + 1)
+    assert prompts[0] == list(range(100, 108)) and prompts[1][:2] == [108, 109] and prompts[1][42] == 100
+    assert [len(p) for p in stress_prompts(ids, 128, 1, 8)] == [8, 64, 120]  # it and its 8 new tokens fill it
+    assert [len(p) for p in stress_prompts(ids, 16, 4, 12, count=4)] == [4, 4, 4, 4]  # 8 would leave no room
+    with pytest.raises(ConfigError, match=r"--genie-stress-new-tokens 128: .* \(at most 127 new tokens\)"):
+        stress_prompts(ids, 128, 32, 128)
+
+
+def test_stress_generates_the_new_tokens_and_the_longest_prompt_fills_the_context(bundle, device_bin, tokenizer,
+                                                                                  tmp_path):
+    ids = np.asarray(tokenizer.encode(" ".join(TEXT_PROMPTS)).ids)
+    prompts = stress_prompts(ids, CFG.context, CFG.prefill_ar, 3)
+    assert [len(p) for p in prompts] == [8, 28, CFG.context - CFG.prefill_ar + 1]
+    rc, result, stderr = run_genie(device_bin, "stress", "--config", str(bundle), "--prompts",
+                                   write_prompts(tmp_path / "p.json", prompts[::-1]), "--rounds", "1",
+                                   "--concurrent", "1", "--max_new", "3", "--output_dir", str(tmp_path / "out"))
+    assert rc == 0, stderr
+    queries = result["queries"]
+    assert result["errors"] == 0 and [q["num_prompt_tokens"] for q in queries] == [len(p) for p in prompts]
+    assert [q["max_new"] for q in queries] == [q["num_generated_tokens"] for q in queries] == [3, 3, 15]
+    assert queries[-1]["num_prompt_tokens"] + queries[-1]["num_generated_tokens"] == CFG.context
+    # one token past what Genie takes: GENIE_STATUS_WARNING_CONTEXT_EXCEEDED with nothing generated, a failed query
+    rc, result, stderr = run_genie(device_bin, "stress", "--config", str(bundle), "--prompts",
+                                   write_prompts(tmp_path / "p2.json", [prompts[-1] + [5]]), "--rounds", "1",
+                                   "--concurrent", "1", "--max_new", "3", "--output_dir", str(tmp_path / "out2"))
+    assert rc == 3 and result["errors"] == 1, stderr
+    assert result["error_names"] == {"GENIE_STATUS_WARNING_CONTEXT_EXCEEDED": 1}
+    assert "prompt 0 of 50 tokens: GENIE_STATUS_WARNING_CONTEXT_EXCEEDED with nothing generated" in result["error"]
+    # a prompt that leaves no room at all is refused before Genie runs
+    rc, result, _ = run_genie(device_bin, "stress", "--config", str(bundle), "--prompts",
+                              write_prompts(tmp_path / "p3.json", [[5] * CFG.context]), "--max_new", "3",
+                              "--output_dir", str(tmp_path / "out3"))
+    assert rc == 2 and f"prompt 0 of {CFG.context} token ids is {CFG.context} tokens; the context holds" in result["error"]
 
 
 # --- bad input ---------------------------------------------------------------------------------------------

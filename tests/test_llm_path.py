@@ -70,6 +70,10 @@ def test_tiny_gpt_through_the_llm_suites_on_the_htp_simulator_and_genie(run_suit
     assert (genie["prompts"], genie["prompts_given"]) == (4, 16)
     stress = steps["genie_stress"]["kpis"]
     assert stress["errors"] == 0 and stress["queries"] == 2 * 2 * 3 and stress["rss_growth_mb"] is not None
+    # the prompts reach the context (the longest as long as Genie takes: 128 - AR 32 + 1), each query generating 8
+    # tokens but the longest, which generates to the context's end (31)
+    assert stress["prompt_tokens"] == [8, 52, 97] and stress["new_tokens"] == 8 and stress["context_length"] == 128
+    assert 0 < stress["generated_tokens"] <= 4 * (8 + 8 + 31) and 0.9 < stress["context_filled"] <= 1.0
     attached = {a["name"] for p in alluredir.glob("*-result.json")
                 for step in json.loads(p.read_text()).get("steps", []) for a in step.get("attachments", [])}
     assert {"genie_runtime genie_performance", "genie_runtime genie_generations", "llm_accuracy generations",

@@ -3,7 +3,8 @@
 genie_runtime  Genie dialogs over the prompts: Genie's own profile (init time, time to first token, prompt and
                generation rates) and its tokens checked against the float model's greedy choice
 genie_stress   the seed's genie-to-qnn-stress: dialogs in sequence and concurrently, prompts of increasing
-               length each filling the context; errors, the runner's memory growth, token rate over time
+               length up to the full context (a few new tokens each, the longest generating to the context's end);
+               errors, the runner's memory growth, token rate over time
 The driver is harness/runner/genie_runner.py (ctypes over libGenie.so, or a device's genie-t2t-run).
 """
 
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.errors import ConfigError
 from harness.reporting import charts
 from harness.kpi import Limit
 from harness.llm.device import FloatJudge, _push_data
@@ -125,26 +127,40 @@ def genie_runtime(runner: DeviceRunner, device: GenieDevice, prompts: list[Token
     return report
 
 
-def stress_prompts(ids: np.ndarray, context_length: int, count: int = 3) -> list[list[int]]:
-    """Return `count` prompts of increasing length (8 tokens up to half the context) cut from ids."""
-    lengths = np.linspace(8, context_length // 2, num=count).astype(int)
-    out, start = [], 0
-    for n in lengths:
-        out.append([int(t) for t in ids[start:start + n]])
-        start += int(n)
-    return out
+def stress_prompts(ids: np.ndarray, context_length: int, prefill_ar: int, new_tokens: int,
+                   count: int = 3) -> list[list[int]]:
+    """Return `count` prompts of increasing length cut one after another from ids (repeated when too short): the
+    shortest 8 tokens (fewer in a smaller context), the longest context_length - new_tokens, or the most Genie
+    takes (context_length - prefill_ar + 1: Genie 1.21 answers a longer prompt GENIE_STATUS_WARNING_CONTEXT_EXCEEDED
+    with nothing generated) when that is less. The context is filled through the prompt (a prefill call takes
+    prefill_ar tokens at once, a decode call one): each query generates new_tokens but the longest, which the
+    runner lets generate to the context's end (at most prefill_ar - 1 tokens more than new_tokens)."""
+    if not 1 <= new_tokens < context_length:
+        raise ConfigError(f"--genie-stress-new-tokens {new_tokens}: the stress queries generate at least 1 token and "
+                          f"leave at least 1 prompt token in the {context_length}-token context (at most "
+                          f"{context_length - 1} new tokens)")
+    if len(ids) == 0:
+        raise ConfigError("the evaluation text has no tokens to cut the stress prompts from")
+    longest = max(1, min(context_length - new_tokens, context_length - prefill_ar + 1))
+    lengths = np.linspace(min(8, longest), longest, num=count).round().astype(int)
+    stream = np.resize(ids, int(lengths.sum()))
+    bounds = np.concatenate([[0], np.cumsum(lengths)])
+    return [[int(t) for t in stream[a:b]] for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-def genie_stress(runner: DeviceRunner, device: GenieDevice, prompts: list[list[int]], rounds: int,
+def genie_stress(runner: DeviceRunner, device: GenieDevice, prompts: list[list[int]], new_tokens: int, rounds: int,
                  concurrent: int, thresholds: Thresholds, out_dir: Path) -> StepReport:
     """Return the Genie stress report: `concurrent` workers each running `rounds` dialogs over prompts of
-    increasing length, every query filling the context; errors, memory growth, token rate over time."""
+    increasing length (stress_prompts), each query generating new_tokens but the longest, which the runner lets
+    generate to the context's end; errors, memory growth, token rate over time, and how far the queries reached
+    into the context."""
     if device.flags:  # genie-t2t-run is one process per prompt: stress the C API driver it shares the config with
         device = GenieDevice(device.config, ())
     out_dir.mkdir(parents=True, exist_ok=True)
     result = runner.run_tool(GENIE_RUNNER, ["stress", "--config", device.config, "--prompts",
                                             _prompts_file(runner, prompts), "--rounds", str(rounds),
-                                            "--concurrent", str(concurrent)],  # workers as processes (the runner's default)
+                                            "--concurrent", str(concurrent),  # workers as processes (the default)
+                                            "--max_new", str(new_tokens)],
                              keep_dir=out_dir / "genie_stress", raise_on_error=False,
                              timeout_s=max(runner.timeout_s, 600.0 * rounds * concurrent))
     queries = result.get("queries") or []
@@ -154,13 +170,19 @@ def genie_stress(runner: DeviceRunner, device: GenieDevice, prompts: list[list[i
         if q.get("tokens_per_s"):
             by_round.setdefault(q["round"], []).append(q["tokens_per_s"])
     first, last = (by_round[min(by_round)], by_round[max(by_round)]) if by_round else ([], [])
+    context = result.get("context_length")
+    reached = [(q.get("num_prompt_tokens") or q.get("prompt_tokens") or 0) + (q.get("num_generated_tokens") or 0)
+               for q in queries if not q.get("error")]
     report = StepReport("genie_stress")
     report.kpis = {
         "rounds": rounds, "concurrent": concurrent, "mode": result.get("mode"), "queries": len(queries),
         "dialogs": result.get("dialogs"), "errors": result.get("errors", 0 if queries else None),
         "error_names": result.get("error_names") or {},
+        "context_length": context, "new_tokens": new_tokens,
         "prompt_tokens": [len(p) for p in prompts], "generated_tokens": sum(q.get("num_generated_tokens") or 0
                                                                             for q in queries),
+        "context_tokens_max": max(reached) if reached else None,
+        "context_filled": max(reached) / context if reached and context else None,
         "rss_start_mb": result.get("rss_start_mb"), "rss_end_mb": result.get("rss_end_mb"),
         "rss_growth_mb": result.get("rss_growth_mb"), "rss_peak_mb": result.get("rss_peak_mb"),
         "tokens_per_s_mean": float(np.mean(rates)) if rates else None,
@@ -173,9 +195,17 @@ def genie_stress(runner: DeviceRunner, device: GenieDevice, prompts: list[list[i
     report.limits = [Limit("errors", maximum=0, marginal=0.0),
                      Limit("rss_growth_mb", maximum=thresholds.max_stress_memory_growth_mb)]
     report.tables["stress_queries"] = [
-        {k: q.get(k) for k in ("worker", "round", "prompt_index", "prompt_tokens", "num_generated_tokens",
+        {k: q.get(k) for k in ("worker", "round", "prompt_index", "prompt_tokens", "max_new", "num_generated_tokens",
                                "start_s", "end_s", "time_to_first_token_ms", "tokens_per_s", "status_name",
                                "error_name")} for q in queries]
+    lengths = ", ".join(str(n) for n in sorted(map(len, prompts)))
+    fill = f"{context - max(map(len, prompts))} tokens, to the context's end" if context else "to the context's end"
+    report.notes.append(f"the context is filled mostly by the prompt (a prefill call takes the prefill graph's AR "
+                        f"tokens at once): prompts of {lengths} tokens, each query generating {new_tokens} tokens but "
+                        f"the longest, which generates {fill} (Genie takes at most context - AR + 1 prompt tokens)")
+    if reached and context and max(reached) < context:
+        report.notes.append(f"no query reached the context's end: at most {max(reached)} of {context} tokens (a query "
+                            "ends early at the end-of-text token)")
     if result.get("token_rate_series"):
         report.artifacts["token_rate_chart"] = charts.token_rate_chart(
             result["token_rate_series"], result.get("rss_series") or [],

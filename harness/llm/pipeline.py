@@ -289,12 +289,14 @@ class LlmOnboarding(PipelineBase):
 
     @memoized
     def genie_stress(self) -> StepReport:
-        """LLM Step 7: the Genie stress run (dialogs in sequence and concurrently, each filling the context)."""
+        """LLM Step 7: the Genie stress run (dialogs in sequence and concurrently, prompts up to the full context)."""
         bundle, files, pair = self.llm_genie_bundle(), self.llm_files(), self.llm_pair()
         device = genie_steps.push_bundle(self.runner, bundle, bundle.name)
         ids = text.token_ids(self.llm_tokenizer(), text.read_text(files.eval_text, "eval"))
         options = self.validation
-        return genie_steps.genie_stress(self.runner, device, genie_steps.stress_prompts(ids, pair.context_length),
+        new_tokens = options.genie_stress_new_tokens
+        prompts = genie_steps.stress_prompts(ids, pair.context_length, pair.prefill_ar, new_tokens)
+        return genie_steps.genie_stress(self.runner, device, prompts, new_tokens,
                                         options.genie_stress_rounds, options.genie_stress_concurrent,
                                         self.target.model.thresholds, self._run_dir("genie_stress"))
 

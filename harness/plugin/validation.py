@@ -12,6 +12,7 @@ from harness.plugin import SESSION_KEY
 
 _sessions = bounded(int, 1, "a number of sessions (1 or more)")
 _count = bounded(int, 1, "a positive whole number of inferences")
+_tokens = bounded(int, 1, "a number of tokens (1 or more)")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -35,6 +36,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="genie_stress step (kind llm): dialogs in sequence per worker (default 2)")
     group.addoption("--genie-stress-concurrent", type=_sessions, default=2, metavar="N",
                     help="genie_stress step (kind llm): dialogs at once, one process each (default 2)")
+    group.addoption("--genie-stress-new-tokens", type=_tokens, default=8, metavar="N",
+                    help="genie_stress step (kind llm): tokens generated per query (default 8) but the longest "
+                         "prompt's, which generates to the context's end (the prompts reach the context)")
     group.addoption("--skip-validation", action="store_true",
                     help='leave out Step 7, validation (the same as -m "not validation")')
 
@@ -46,7 +50,7 @@ def pytest_configure(config: pytest.Config) -> None:
     try:
         options = ValidationOptions(opt.soak_duration, opt.cooldown_max_s, opt.concurrency, opt.energy_inferences,
                                     opt.concurrency_duration, opt.concurrency_mode, opt.genie_stress_rounds,
-                                    opt.genie_stress_concurrent)
+                                    opt.genie_stress_concurrent, opt.genie_stress_new_tokens)
     except HarnessError as e:
         raise pytest.UsageError(str(e)) from None
     config.stash[SESSION_KEY].validation = options

@@ -29,9 +29,13 @@ stress   --config ... --prompts ... [--rounds R] [--concurrent K] [--max_new N] 
          --output_dir OUT: K workers at once (threads over separate GenieDialog handles in this process, or
          copies of this runner), each running R dialogs in sequence (create, every prompt in increasing
          token length with a reset before each and max_new = context - prompt tokens, or --max_new if
-         smaller, so a query fills the context; free). Per query: worker, round, start/end on one clock,
-         tokens, tokens/s, time to first token, the text (or ids), Genie status name. VmRSS sampled every
-         --rss_interval_s. Processes by default: separate GenieDialog handles queried at once from threads of one
+         smaller, but the longest prompt always generates to the context's end, so the KV cache's last slots
+         are used: the harness passes a small --max_new with a longest prompt near the context; free).
+         A prompt that leaves no room (context tokens or more) is refused as in dialog; a query Genie answers
+         with a warning status and nothing generated (GENIE_STATUS_WARNING_CONTEXT_EXCEEDED: Genie 1.21 takes
+         at most context - AR + 1 prompt tokens, AR the prefill graph's) is a failed query. Per query: worker,
+         round, start/end on one clock, tokens, tokens/s, time to first token, the text (or ids), Genie status
+         name. VmRSS sampled every --rss_interval_s. Processes by default: separate GenieDialog handles queried at once from threads of one
          process gave the same greedy output as one alone, but crashed libGenie 1.21 on the HTP simulator now and
          then (SIGSEGV, more often on a 4-layer model); processes isolate that, as a phone app holds one dialog.
          The workers meet after each round (every dialog freed) and the RSS is sampled there: rss_start_mb
@@ -705,6 +709,11 @@ def _stress_dialog(genie, config_text, plan, r, worker, t0, queries, lock):
                             "generated_ids": None if isinstance(prompt, str) else outcome["ids"]})
                 if row["num_generated_tokens"] is None and outcome["ids"]:
                     row["num_generated_tokens"] = len(outcome["ids"])
+                if outcome["status"] != SUCCESS and not (outcome["ids"] or "".join(outcome["text_chunks"])):
+                    # Genie refused the prompt (a prompt past context - the prefill graph's AR + 1 tokens does this)
+                    row.update({"error": "prompt %d of %d tokens: %s with nothing generated (%s)"
+                                % (k, len(ids), row["status_name"], STATUS[outcome["status"]][1]),
+                                "error_name": row["status_name"]})
             except RunnerFailure as e:
                 row.update({"error": str(e), "error_name": getattr(e, "name", type(e).__name__)})
             row["end_s"] = time.perf_counter() - t0
@@ -736,6 +745,7 @@ def run_stress(args, report):
             check_fits(ids, prompts, context, args.max_new, args.prompts)
             order = sorted(range(len(prompts)), key=lambda k: len(ids[k]))
             plan = [(prompts[k], ids[k], room(args.max_new, context, ids[k])) for k in order]
+            plan[-1] = plan[-1][:2] + (room(0, context, plan[-1][1]),)  # the longest prompt fills the context
             warm.query(plan[0][0], 1)
         finally:
             warm.free()
@@ -826,7 +836,8 @@ def parse_args(argv):
     s = sub.add_parser("stress", parents=[common], help="repeated and concurrent dialogs up to the full context")
     s.add_argument("--rounds", type=int, default=3, help="dialogs in sequence per worker")
     s.add_argument("--concurrent", type=int, default=1, help="workers at once, each with its own dialog")
-    s.add_argument("--max_new", type=int, default=0, help="cap on generated tokens (default: fill the context)")
+    s.add_argument("--max_new", type=int, default=0, help="cap on generated tokens per query but the longest, which fills the context "
+                                                          "(default: every query fills it)")
     s.add_argument("--mode", choices=["threads", "processes"], default="processes",
                    help="concurrent dialogs as processes (default) or threads of one process: two dialogs of one "
                         "process crash libGenie 1.21 on the HTP simulator now and then (SIGSEGV)")
