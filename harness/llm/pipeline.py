@@ -148,11 +148,14 @@ class LlmOnboarding(PipelineBase):
         return calibration.kv_bytes_of(self.llm_quantized(self.llm_recipe).decode)
 
     @memoized
+    def llm_eval_ids(self) -> np.ndarray:
+        """The held-out text's token ids (perplexity windows, the stress run's prompts)."""
+        return text.token_ids(self.llm_tokenizer(), text.read_text(self.llm_files().eval_text, "eval"))
+
+    @memoized
     def llm_eval_windows(self) -> np.ndarray:
         """The held-out text's perplexity windows [N, AR]."""
-        files, pair = self.llm_files(), self.llm_pair()
-        ids = text.token_ids(self.llm_tokenizer(), text.read_text(files.eval_text, "eval"))
-        return text.nll_windows(ids, pair.prefill_ar, files.eval_windows)
+        return text.nll_windows(self.llm_eval_ids(), self.llm_pair().prefill_ar, self.llm_files().eval_windows)
 
     @memoized
     def llm_host_nll(self) -> dict[str, dict]:
@@ -290,16 +293,16 @@ class LlmOnboarding(PipelineBase):
     @memoized
     def genie_stress(self) -> StepReport:
         """LLM Step 7: the Genie stress run (dialogs in sequence and concurrently, prompts up to the full context)."""
-        bundle, files, pair = self.llm_genie_bundle(), self.llm_files(), self.llm_pair()
+        bundle, pair = self.llm_genie_bundle(), self.llm_pair()
         device = genie_steps.push_bundle(self.runner, bundle, bundle.name)
-        ids = text.token_ids(self.llm_tokenizer(), text.read_text(files.eval_text, "eval"))
         options = self.validation
         new_tokens = options.genie_stress_new_tokens
-        prompts = genie_steps.stress_prompts(ids, pair.context_length, pair.prefill_ar, new_tokens)
+        prompts = genie_steps.stress_prompts(self.llm_eval_ids(), pair.context_length, pair.prefill_ar, new_tokens)
         return genie_steps.genie_stress(self.runner, device, prompts, new_tokens,
                                         options.genie_stress_rounds, options.genie_stress_concurrent,
                                         self.target.model.thresholds, self._run_dir("genie_stress"))
 
+    @memoized
     def llm_prompts(self) -> list[text.TokenizedPrompt]:
         """The model's prompts, tokenized and checked against the context length."""
         files = self.llm_files()
