@@ -40,7 +40,9 @@ class Thresholds(BaseModel):
     min_sqnr_db: float | None = Field(15.0, description="quantized vs float outputs (None: recorded, not judged)")
     float_atol: float = Field(1e-4, ge=0, description="device float run vs host reference, absolute")
     float_rtol: float = Field(1e-3, ge=0, description="device float run vs host reference, relative")
-    memory_budget_mb: float = Field(256.0, gt=0, description="weights plus the largest activation")
+    memory_budget_mb: float = Field(256.0, gt=0, description="weights plus the largest activation (an LLM's "
+                                    "weights, KV cache and activation: only where the spec sets it, else the "
+                                    "SoC's LLM budget)")
     min_htp_fraction: float = Field(1.0, ge=0, le=1, description="share of nodes the HTP must run")
     latency_budget_ms: float | None = Field(None, gt=0, allow_inf_nan=False, strict=True,
                                             description="on-device latency budget (profile step), ms")

@@ -595,6 +595,26 @@ def test_the_memory_estimate_holds_the_footprint_to_the_socs_budget_and_finds_th
     assert "soc_memory_budget_bytes" not in bare and bare["memory_basis"].startswith("not estimated")
 
 
+
+def test_an_llm_is_held_to_the_socs_llm_budget_unless_its_spec_sets_a_memory_budget():
+    """The default memory_budget_mb (256 MB) is a single-graph model's: a 0.5B LLM (Qwen2.5-Coder's w8a16 pair,
+    780 MB) from a spec alone is held to the SoC's LLM budget instead; a spec's own budget still applies."""
+    from harness.devices import load_devices_file
+    from harness.llm.steps import llm_feasibility
+    from harness.models import Thresholds
+
+    soc = load_devices_file(None).soc("sm8650")
+    pair = convention.PairInfo(24, 2, 64, 128, 32, 151936, (), ())  # Qwen2.5-0.5B at CL 128
+    weights = 780_000_000
+
+    def verdicts(thresholds):
+        report = llm_feasibility({}, pair, weights, 2, 2, soc, thresholds)
+        return {v.limit.kpi: v.passed for v in report.verdicts}
+
+    assert verdicts(Thresholds()) == {"memory_of_soc_budget": True}
+    assert verdicts(Thresholds(memory_budget_mb=512)) == {"memory_footprint_bytes": False, "memory_of_soc_budget": True}
+    assert verdicts(Thresholds(memory_budget_mb=1024))["memory_footprint_bytes"]
+
 @pytest.mark.real_models
 @pytest.mark.slow
 # the HTP simulator runs this 135M-parameter model at ~10 s per call, whether 1 token or 32 (session creation ~12 s):
@@ -613,9 +633,10 @@ def test_smollm2_from_its_gguf_through_the_llm_suites_and_genie(pytester, sessio
     steps = {r["step"]: r for r in json.loads(kpi.read_text())["records"]}
     # the stress run (2 workers x 2 dialogs x 3 prompts, 8 + 8 + 31 decode calls per dialog at ~10 s each on the
     # simulator: about half an hour on 2 shared cores) is left to tiny_gpt's test. w8a16's greedy agreement over the
-    # 48 default prompts is 0.83 [0.74, 0.91] (3 prompts leave the float answer at its first token, 3 more at the
-    # second; the host's QDQ run flips the same: the encoding, not the HTP, README): undecided against 0.75, so
-    # llm_accuracy may be inconclusive, never failed
+    # first 48 default prompts was 0.83 [0.74, 0.91] on one machine (undecided against 0.75) and 0.88 [0.80, 0.95] on
+    # another (passed), a few flipped answers apart (the host's QDQ run flips the same: the encoding, not the HTP,
+    # README); over all 96, 0.83 [0.77, 0.89]. So the first look may decide it, else the second: llm_accuracy passes
+    # or, after both looks, is inconclusive; never failed
     expected = {s: "passed" for s in LLM_STEPS if s not in ("genie_stress", "llm_accuracy")}
     assert {s: steps[s]["outcome"] for s in expected} == expected, result.stdout.str()[-3000:]
     assert steps["llm_accuracy"]["outcome"] in ("passed", "inconclusive"), steps["llm_accuracy"]["message"]
@@ -624,7 +645,11 @@ def test_smollm2_from_its_gguf_through_the_llm_suites_and_genie(pytester, sessio
     assert conversion["reference"].startswith("transformers") and conversion["architecture"] == "llama"
     accuracy = steps["llm_accuracy"]["kpis"]
     assert accuracy["perplexity_htp"] <= accuracy["perplexity_float_host"] * 1.10 and accuracy["greedy_agreement"] >= 0.75
-    assert accuracy["prompts"] == len(DEFAULT_PROMPTS) and accuracy["intervals"]["greedy_agreement"]["high"] >= 0.75
+    # greedy agreement judged on the first 48 prompts, and on all 96 only when those leave it undecided
+    assert accuracy["prompts_given"] == len(DEFAULT_PROMPTS) and accuracy["prompts"] == accuracy["agreement_looks"][-1]
+    assert accuracy["agreement_looks"] in ([48], [48, 96]) and accuracy["intervals"]["greedy_agreement"]["high"] >= 0.75
+    if steps["llm_accuracy"]["outcome"] == "inconclusive":
+        assert accuracy["agreement_looks"] == [48, 96], accuracy["agreement_looks"]
     assert accuracy["forced_shared_tokens"] > 10  # the chat template's system prompt, fed once
     # w8a16 ships, chosen on the host: w4a16 (~4x float's perplexity) and w8a8 (~2000x) fail there decidedly and
     # are not run on the HTP

@@ -100,3 +100,45 @@ def test_greedy_agreement_is_asked_in_footprint_order_only_where_perplexity_does
     assert choice.host["w4a16"]["verdict"] == "failed" and choice.host["w4a16"]["greedy_agreement_interval"]["high"] < 0.75
     assert (choice.recipe, choice.rule) == ("w8a16", shipping.RULE_SMALLEST)
     assert choice.host["w8a16"]["greedy_agreement_interval"]["low"] > 0.75
+
+
+class _ExactJudge:
+    """Counts a choice as agreeing only when it is the float answer's token (no near-ties)."""
+
+    def consistent_prefix(self, prompt, generated, forced=None):
+        from harness.llm.device import matched_prefix
+
+        return matched_prefix(forced, generated)
+
+
+def _staged(shares: list[int], minimum: float = 0.75):
+    """Run staged_agreement over len(shares) prompts with 8-token answers, prompt k's choices agreeing up to
+    shares[k] tokens; return its KPIs and the (start, end) spans it asked for."""
+    from harness.llm.steps import staged_agreement
+    from harness.llm.text import TokenizedPrompt
+
+    prompts = [TokenizedPrompt(f"p{k}", (1, 2, k)) for k in range(len(shares))]
+    reference = [[10 + t for t in range(8)] for _ in shares]
+    asked = []
+
+    def top1_of(start, end):
+        asked.append((start, end))
+        return [[t if i < shares[k] else 0 for i, t in enumerate(reference[k])] for k in range(start, end)]
+
+    kpis, top1 = staged_agreement(_ExactJudge(), prompts, reference, minimum, top1_of)
+    assert len(top1) == len(kpis["of_tokens"]) == kpis["agreement_looks"][-1]
+    return kpis, asked
+
+
+def test_greedy_agreement_asks_for_the_second_half_of_the_prompts_only_when_the_first_leaves_it_undecided():
+    decided, asked = _staged([8] * 46 + [0] * 2 + [0] * 48)  # 0.96 over the first 48: decided, the rest never run
+    assert asked == [(0, 48)] and decided["agreement_looks"] == [48] and decided["greedy_agreement"] > 0.95
+    assert len(decided["of_tokens"]) == 48 and decided["prompts_given"] == 96
+    # 0.83 over the first 48 (SmolLM2's w8a16 on one machine): undecided against 0.75, so all 96 are judged
+    undecided = [8] * 32 + [0, 0, 0, 1, 2, 4, 4, 6, 6, 5, 5, 3, 4, 6, 7, 7]
+    more, asked = _staged(undecided + undecided)
+    assert asked == [(0, 48), (48, 96)] and more["agreement_looks"] == [48, 96] and len(more["of_tokens"]) == 96
+    assert more["greedy_agreement"] == pytest.approx(sum(undecided) / (8 * 48), abs=1e-4)
+    # too few prompts for two looks (tiny_gpt's 16): one look at all of them
+    _, asked = _staged([8] * 16)
+    assert asked == [(0, 16)]

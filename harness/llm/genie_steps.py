@@ -185,6 +185,7 @@ def genie_stress(runner: DeviceRunner, device: GenieDevice, prompts: list[list[i
         "context_filled": max(reached) / context if reached and context else None,
         "rss_start_mb": result.get("rss_start_mb"), "rss_end_mb": result.get("rss_end_mb"),
         "rss_growth_mb": result.get("rss_growth_mb"), "rss_peak_mb": result.get("rss_peak_mb"),
+        "rss_release": result.get("rss_release"),
         "tokens_per_s_mean": float(np.mean(rates)) if rates else None,
         "tokens_per_s_min": min(rates) if rates else None,
         "last_round_vs_first_tokens_per_s": float(np.mean(last) / np.mean(first)) if first else None,

@@ -29,14 +29,16 @@ from harness.models import LlmFiles
 __all__ = ["DEFAULT_PROMPTS", "IMPORT_FILE", "checkpoint_digest", "chat_prompt", "import_files", "read_checkpoint",
            "trained_context", "write_import"]
 
-IMPORT_VERSION = 6  # bump when the graphs or files an import writes change (3: 16 default prompts; 4: opset 21;
-# 5: 24 default prompts; 6: 48)
+IMPORT_VERSION = 7  # bump when the graphs or files an import writes change (3: 16 default prompts; 4: opset 21;
+# 5: 24 default prompts; 6: 48; 7: 96)
 IMPORT_FILE = "import.json"
-# 48 short user questions. 16 prompts that all agree are the fewest whose floored interval clears a 0.75 greedy
-# agreement (harness.stats.floored), but a quantized model rarely agrees on every token of every answer: SmolLM2's
-# w8a16 agreed 0.953 [0.769, 0.992] on the first 16 and 0.870 [0.734, 0.969] on the first 24 (two answers leave
-# the float one at their first token), undecided against 0.75. An agreement near 0.87 needs about 40-50 prompts to
-# be decided; each is one teacher-forced pass on the device after the template's shared start.
+# 96 short user questions, judged in two looks (harness.llm.steps.staged_agreement): the first 48, and all 96 only
+# when the first 48 leave the greedy agreement undecided. 16 prompts that all agree are the fewest whose floored
+# interval clears 0.75 (harness.stats.floored), but a quantized model rarely agrees on every token of every
+# answer: SmolLM2's w8a16 agreed 0.953 on the first 16 and 0.870 [0.734, 0.969] on the first 24, undecided; over
+# 48, 0.831 [0.737, 0.914] on one machine (undecided) and 0.880 [0.805, 0.945] on another (decided), a few
+# flipped answers apart. Near 0.83 deciding 0.75 takes 60-100 prompts; each is one teacher-forced pass on the
+# device after the template's shared start, so the second 48 run only when the first leave it open.
 DEFAULT_PROMPTS = ("What is the capital of France?", "Name three primary colors.",
                    "How many legs does a spider have?", "Write one sentence about the sea.",
                    "What is the boiling point of water?", "Who wrote Romeo and Juliet?",
@@ -60,7 +62,28 @@ DEFAULT_PROMPTS = ("What is the capital of France?", "Name three primary colors.
                    "What is the opposite of up?", "How many wheels does a bicycle have?",
                    "What is the largest mammal?", "What is the main ingredient of bread?",
                    "Who discovered gravity?", "What is the chemical symbol for water?",
-                   "How many players are on a soccer team?", "What is the longest river in the world?")
+                   "How many players are on a soccer team?", "What is the longest river in the world?",
+                   "What is the capital of Italy?", "Name two farm animals.", "How many legs does a dog have?",
+                   "Write one sentence about the forest.", "What is the freezing point of water?",
+                   "Who wrote Hamlet?", "What is the smallest planet in our solar system?",
+                   "How many days are in a year?", "What gas do humans breathe out?", "Name a fruit that is red.",
+                   "What is three plus four?", "Which desert is the largest hot desert?",
+                   "What language is spoken in Germany?", "What do cows give us?", "How many weeks are in a year?",
+                   "What color is grass?", "What is the opposite of big?", "How many oceans are there?",
+                   "What animal has a long neck and lives in Africa?", "What is water vapor?",
+                   "Who painted the Starry Night?", "What is the chemical symbol for silver?",
+                   "How many hours are in a week?", "What is the deepest ocean?", "What is the capital of Canada?",
+                   "Name a musical instrument you blow into.", "How many sides does a square have?",
+                   "Write one sentence about the sun.", "What do pandas eat?", "Who invented the telephone?",
+                   "What is the largest bird?", "How many letters are in the English alphabet?",
+                   "What does a compass show?", "Name a vegetable that is orange.", "What is five times two?",
+                   "Which planet is known as the red planet?", "What language is spoken in Mexico?",
+                   "What do caterpillars turn into?", "How many days are in February?",
+                   "What color are strawberries?", "What is the opposite of fast?",
+                   "How many legs does an insect have?", "What is the largest desert in the world?",
+                   "What is the main ingredient of cheese?", "Who developed the theory of relativity?",
+                   "What is the chemical symbol for iron?", "How many strings does a guitar have?",
+                   "What is the capital of Australia?")
 
 
 def read_checkpoint(path: Path) -> Checkpoint:

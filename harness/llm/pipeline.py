@@ -125,21 +125,26 @@ class LlmOnboarding(PipelineBase):
         except ValueError as e:
             raise ConfigError(f"calibration text {files.calib_text}: {e}") from None
 
-    def llm_quantized(self, recipe: str) -> Pair:
-        """The pair quantized with `recipe` (w8a16, w8a8, w4a16) and the encodings both graphs share; with the
-        spec's llm.weight_block_size, w4a16's linear weights block-wise (LPBQ) instead of per output channel."""
-        key = f"llm_quantized_{recipe}"
+    def llm_quantized_graph(self, recipe: str, graph: str) -> Path:
+        """One graph ('prefill' or 'decode') quantized with `recipe` (w8a16, w8a8, w4a16) and the encodings both
+        graphs share; with the spec's llm.weight_block_size, w4a16's linear weights block-wise (LPBQ) instead of
+        per output channel. Each graph is quantized when first asked: a recipe judged on perplexity alone needs
+        only its prefill graph (SmolLM2's decode graph took 45 s to quantize per recipe)."""
+        key = f"llm_quantized_{recipe}_{graph}"
         if key not in self._memo:
             cal, floats = self.llm_calibration(), self.llm_float_pair()
             files = self.llm_files()
             quant = calibration.pair_recipe(recipe, cal, self.llm_pair(), floats.prefill,
                                             per_channel_weights=files.checkpoint is not None, kv_bits=files.kv_bits)
-            graphs = [ptq.quantize(floats.graph(g), cal.feeds(g), quant, self.cache) for g in GRAPHS]
+            path = ptq.quantize(floats.graph(graph), cal.feeds(graph), quant, self.cache)
             if recipe in calibration.FOUR_BIT_WEIGHTS and files.weight_block_size:
-                graphs = [blockwise.lpbq_graph(q, floats.graph(g), files.weight_block_size, self.cache)
-                          for q, g in zip(graphs, GRAPHS)]
-            self._memo[key] = Pair(*graphs)
+                path = blockwise.lpbq_graph(path, floats.graph(graph), files.weight_block_size, self.cache)
+            self._memo[key] = path
         return self._memo[key]
+
+    def llm_quantized(self, recipe: str) -> Pair:
+        """The pair quantized with `recipe` (llm_quantized_graph of both graphs)."""
+        return Pair(*(self.llm_quantized_graph(recipe, g) for g in GRAPHS))
 
     @memoized
     def llm_kv_bytes(self) -> int:
@@ -163,7 +168,7 @@ class LlmOnboarding(PipelineBase):
         windows = self.llm_eval_windows()
         out = {"float": host_nll(self.llm_float_pair().prefill, windows)}
         for name in calibration.LLM_RECIPES:
-            out[name] = host_nll(self.llm_quantized(name).prefill, windows, emulate_qdq=True)
+            out[name] = host_nll(self.llm_quantized_graph(name, "prefill"), windows, emulate_qdq=True)
         return out
 
     @memoized
@@ -181,10 +186,14 @@ class LlmOnboarding(PipelineBase):
                                                                        files.max_new_tokens, stop)]
 
     def llm_host_agreement(self, recipe: str) -> dict:
-        """The recipe's greedy agreement in the host's QDQ emulation, teacher-forced (steps.agreement_kpis)."""
+        """The recipe's greedy agreement in the host's QDQ emulation, teacher-forced, in looks
+        (steps.staged_agreement)."""
         prompts, reference, pair = self.llm_prompts(), self.llm_float_answers(), self.llm_quantized(recipe)
-        top1 = host_forced_top1(pair.prefill, pair.decode, steps.forced_sequences(prompts, reference))
-        return steps.agreement_kpis(self.llm_judge(), prompts, reference, top1, teacher_forced=True)
+        forced = steps.forced_sequences(prompts, reference)
+        return steps.staged_agreement(self.llm_judge(), prompts, reference,
+                                      self.target.model.thresholds.min_greedy_agreement,
+                                      lambda start, end: host_forced_top1(pair.prefill, pair.decode,
+                                                                          forced[start:end]))[0]
 
     @memoized
     def llm_recipe_choice(self) -> shipping.RecipeChoice:
@@ -237,13 +246,14 @@ class LlmOnboarding(PipelineBase):
     def llm_accuracy(self) -> StepReport:
         """LLM Step 3: perplexity on host and HTP, greedy agreement, the recipe sweep."""
         files = self.llm_files()
-        quantized = {name: self.llm_quantized(name) for name in calibration.LLM_RECIPES}
-        report = steps.llm_accuracy(self.llm_judge(), self.llm_float_answers(), quantized, self.llm_recipe_choice(),
+        quantized = {name: self.llm_quantized_graph(name, "prefill") for name in calibration.LLM_RECIPES}
+        report = steps.llm_accuracy(self.llm_judge(), self.llm_float_answers(), quantized,
+                                    self.llm_quantized(self.llm_recipe), self.llm_recipe_choice(),
                                     self.llm_host_nll(), self.llm_eval_windows(), self.llm_prompts(),
                                     files.max_new_tokens, self.llm_tokenizer(), self.runner,
                                     self.target.model.thresholds)
         four_bit = next(iter(calibration.FOUR_BIT_WEIGHTS))
-        lpbq = blockwise.lpbq_weights(onnx.load(str(quantized[four_bit].prefill), load_external_data=False))
+        lpbq = blockwise.lpbq_weights(onnx.load(str(quantized[four_bit]), load_external_data=False))
         report.kpis["four_bit_weight_encoding"] = {
             "recipe": four_bit, "form": f"block-wise (LPBQ), {files.weight_block_size} rows per block" if lpbq
             else "per output channel", "lpbq_weights": len(lpbq)}

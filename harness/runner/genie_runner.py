@@ -38,9 +38,11 @@ stress   --config ... --prompts ... [--rounds R] [--concurrent K] [--max_new N] 
          name. VmRSS sampled every --rss_interval_s. Processes by default: separate GenieDialog handles queried at once from threads of one
          process gave the same greedy output as one alone, but crashed libGenie 1.21 on the HTP simulator now and
          then (SIGSEGV, more often on a 4-layer model); processes isolate that, as a phone app holds one dialog.
-         The workers meet after each round (every dialog freed) and the RSS is sampled there: rss_start_mb
-         after the first round, rss_end_mb after the last, rss_growth_mb = end - start (a leak grows with the
-         rounds; the first round's own growth, allocator arenas of the worker threads, is not counted).
+         The workers meet after each round (every dialog freed) and the RSS is sampled there, after the C
+         allocator has returned its free pages to the kernel (rss_release: malloc_trim, or bionic's mallopt
+         M_PURGE): rss_start_mb after the first round, rss_end_mb after the last, rss_growth_mb = end - start
+         (a leak grows with the rounds; the first round's own growth, allocator arenas of the worker threads,
+         is not counted; freed memory the allocator keeps is not a leak).
 result.json (OUT/result.json, written atomically in every case): runner_version, command, genie_api_version,
          genie_lib, config, error, error_name (the Genie status name when Genie failed, else None), status
          (the Genie status code), genie_log (Genie's error/warning log lines), peak_rss_mb;
@@ -50,7 +52,8 @@ result.json (OUT/result.json, written atomically in every case): runner_version,
          stress: queries [{worker, round, prompt_index, prompt_tokens, max_new, start_s, end_s, num_prompt_tokens,
          num_generated_tokens, time_to_first_token_ms, prompt_tokens_per_s, tokens_per_s, token_generation_time_ms,
          text, generated_ids, status_name, error, error_name}], prompt_order, errors, error_names {name: count}, dialogs, rounds, concurrent, mode,
-         rss_initial_mb, rss_warm_mb, rss_after_round_mb [per round], rss_start_mb, rss_end_mb, rss_growth_mb, rss_peak_mb, rss_series [{t_s, rss_mb}],
+         rss_initial_mb, rss_warm_mb, rss_after_round_mb [per round], rss_start_mb, rss_end_mb, rss_growth_mb, rss_release,
+         rss_peak_mb, rss_series [{t_s, rss_mb}],
          token_rate_series [{t_s, tokens_per_s, worker}].
 Units:   Genie's profile gives times in us and rates in toks/sec (GenieProfile's units, stated per field
          in its JSON); result.json converts times to ms (`_ms`) and keeps rates as tokens per second.
@@ -79,7 +82,7 @@ try:  # imported as harness.runner.genie_runner on the host
 except ImportError:  # run as a script from the device's bin/, beside device_runner.py
     import device_runner
 
-RUNNER_VERSION = "1"
+RUNNER_VERSION = "2"  # 2: the RSS at the round barriers sampled after the allocator releases its free pages
 RESULT_FILE = "result.json"
 RunnerFailure = device_runner.RunnerFailure
 REEXEC_ENV = "GENIE_RUNNER_REEXEC"
@@ -649,12 +652,33 @@ def run_t2t(args, config, folder, prompts, ids, report):
 
 # --- stress -----------------------------------------------------------------------------------------------
 
+M_PURGE = -101  # bionic's mallopt option returning free pages to the kernel (Android has no malloc_trim)
+
+
+def release_free_memory():
+    """Return the C allocator's free pages to the kernel (glibc's malloc_trim(0), bionic's mallopt(M_PURGE, 0));
+    return the call's name, or None where neither exists. Freed memory the allocator keeps is not a leak:
+    SmolLM2's dialogs, each created and freed, left VmRSS at 131, 193, 253, 271, 237, 246 MB after 6 rounds,
+    and at 107, 116, 125, 112 MB with malloc_trim after each."""
+    try:
+        libc = ctypes.CDLL(None)
+    except OSError:
+        return None
+    if hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
+        return "malloc_trim(0)"
+    if hasattr(libc, "mallopt"):
+        libc.mallopt(M_PURGE, 0)
+        return "mallopt(M_PURGE, 0)"
+    return None
+
+
 class RssSampler(threading.Thread):
     """Samples VmRSS every interval_s on the stress clock."""
 
     def __init__(self, t0, interval_s):
         super().__init__(daemon=True)
-        self.t0, self.interval_s, self.samples = t0, interval_s, []
+        self.t0, self.interval_s, self.samples, self.release = t0, interval_s, [], None
         self._stop_event = threading.Event()
 
     def sample(self):
@@ -667,6 +691,12 @@ class RssSampler(threading.Thread):
         while not self._stop_event.is_set():
             self.sample()
             self._stop_event.wait(self.interval_s)
+
+    def sample_released(self):
+        """Sample VmRSS after release_free_memory(): what live allocations hold (a leak grows it; the
+        allocator's cache of freed memory does not); self.release names the call used."""
+        self.release = release_free_memory()
+        return self.sample()
 
     def stop(self):
         self._stop_event.set()
@@ -753,7 +783,7 @@ def run_stress(args, report):
         report["rss_warm_mb"] = sampler.sample()
         after_round = []
         if args.mode == "threads":
-            barrier = threading.Barrier(args.concurrent, action=lambda: after_round.append(sampler.sample()))
+            barrier = threading.Barrier(args.concurrent, action=lambda: after_round.append(sampler.sample_released()))
             threads = [threading.Thread(target=stress_worker, args=(genie, config_text, plan, args.rounds, w, t0,
                                                                     queries, lock, barrier))
                        for w in range(args.concurrent)]
@@ -762,7 +792,8 @@ def run_stress(args, report):
             for t in threads:
                 t.join()
         else:
-            queries.extend(_stress_processes(args, t0, after_round))
+            rows, sampler.release = _stress_processes(args, t0, after_round)
+            queries.extend(rows)
     finally:
         sampler.stop()
         genie.close()
@@ -773,7 +804,9 @@ def run_stress(args, report):
     for q in failed:
         names[q["error_name"]] = names.get(q["error_name"], 0) + 1
     start, end = (after_round[0], after_round[-1]) if after_round else (None, None)
-    report.update({"rss_after_round_mb": after_round, "rss_start_mb": start, "rss_end_mb": end,"queries": queries, "errors": len(failed), "error_names": names,
+    report.update({"rss_after_round_mb": after_round, "rss_start_mb": start, "rss_end_mb": end,
+                   "rss_release": sampler.release,
+                   "queries": queries, "errors": len(failed), "error_names": names,
                    "dialogs": args.rounds * args.concurrent,
                    "rss_growth_mb": end - start if start is not None and end is not None else None,
                    "rss_peak_mb": max([s["rss_mb"] for s in sampler.samples] or [None]),
@@ -786,8 +819,9 @@ def run_stress(args, report):
 
 
 def _stress_processes(args, t0, after_round):
-    """Run each worker as a copy of this runner (stress --concurrent 1); return their query rows and append to
-    after_round the sum over the copies of each round's RSS."""
+    """Run each worker as a copy of this runner (stress --concurrent 1); return their query rows and how they
+    released free memory before sampling (rss_release), and append to after_round the sum over the copies of each
+    round's RSS."""
     procs = []
     for w in range(args.concurrent):
         out = os.path.join(args.output_dir, "worker_%d" % w)
@@ -798,7 +832,7 @@ def _stress_processes(args, t0, after_round):
             argv += ["--max_new", str(args.max_new)]
         procs.append((w, out, time.perf_counter() - t0, subprocess.Popen(argv, stdout=subprocess.DEVNULL,
                                                                         stderr=subprocess.PIPE)))
-    rows, per_child = [], []
+    rows, per_child, release = [], [], None
     for w, out, offset, proc in procs:
         _, stderr = proc.communicate()
         try:
@@ -806,6 +840,7 @@ def _stress_processes(args, t0, after_round):
         except RunnerFailure:
             child = {"queries": [], "error": stderr.decode(errors="replace").strip() or "exit %d" % proc.returncode}
         per_child.append(child.get("rss_after_round_mb") or [])
+        release = release or child.get("rss_release")
         for q in child.get("queries", []):
             q = dict(q, worker=w, pid=proc.pid)
             for key in ("start_s", "end_s"):  # the child's clock started later: shift onto this one (approx.)
@@ -817,7 +852,7 @@ def _stress_processes(args, t0, after_round):
                          "error": child["error"], "error_name": child.get("error_name") or "worker_failed"})
     if per_child and all(len(c) == args.rounds for c in per_child):
         after_round.extend(sum(c[r] for c in per_child) for r in range(args.rounds))
-    return rows
+    return rows, release
 
 
 # --- main -------------------------------------------------------------------------------------------------
