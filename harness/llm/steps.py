@@ -155,11 +155,11 @@ def agreement_looks(prompts: int) -> list[int]:
 
 def staged_agreement(judge: FloatJudge, prompts: list[TokenizedPrompt], reference: list[list[int]],
                      minimum: float, top1_of) -> tuple[dict, list[list[int]]]:
-    """Return agreement_kpis (teacher-forced) judged in agreement_looks, and the choices they judged: top1_of(start, end) gives a model's
-    choices after each prefix of the float answers of prompts[start:end]; a look's prompts are run only when
-    the 95 % interval over the prompts before them straddles `minimum`. Two looks, each deciding only when its
-    two-sided 95 % interval clears the limit: a wrong decided verdict has at most 2.5 % chance per look, 5 % in
-    all. Adds agreement_looks (the counts looked at) and prompts_given."""
+    """Return agreement_kpis (teacher-forced) judged in agreement_looks, and the choices they judged:
+    top1_of(start, end) gives a model's choices after each prefix of the float answers of prompts[start:end]; a
+    look's prompts are run only when the 95 % interval over the prompts before them straddles `minimum`. Each look
+    decides only when its two-sided 95 % interval clears the limit: a wrong decided verdict has at most a 2.5 %
+    chance per look, 5 % over two. Adds agreement_looks (the counts looked at) and prompts_given."""
     looks, top1, limit = agreement_looks(len(prompts)), [], Limit("greedy_agreement", minimum=minimum)
     for k, n in enumerate(looks):
         top1 += top1_of(len(top1), n)
