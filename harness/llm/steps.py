@@ -191,6 +191,7 @@ def llm_accuracy(judge: FloatJudge, reference: list[list[int]], quantized: dict[
     float_nll = host["float"]
     float_ppl = float_nll["perplexity"]
     forced = forced_sequences(prompts, reference)
+    first = agreement_looks(len(prompts))[0]  # the first look's prompts go with the perplexity windows
     rows, nlls, top1, agreement = [], {}, [], {}
     for name, prefill in quantized.items():  # the others swept by perplexity: the shipped one's answers too
         judged = choice.host.get(name, {})
@@ -200,7 +201,6 @@ def llm_accuracy(judge: FloatJudge, reference: list[list[int]], quantized: dict[
         if name != shipped and choice.host_failed(name):  # the HTP's figure could not change the verdict
             rows.append(row)
             continue
-        first = agreement_looks(len(prompts))[0]
         nll = nlls[name] = device_nll(runner, prefill, windows, forced=forced[:first] if name == shipped else None,
                                       decode=shipped_pair.decode if name == shipped else None)
         row |= {"perplexity_htp": round(nll["perplexity"], 4),
