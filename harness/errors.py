@@ -82,3 +82,10 @@ class StepError(HarnessError):
 
 class ContextMismatchError(HarnessError):
     """A context binary was compiled for another SoC than the device it was about to run on."""
+
+
+def is_infrastructure(error: BaseException) -> bool:
+    """Return True for an error of the test bench rather than of the model: a device command that ran past
+    its timeout, a lost or quarantined device, a connection that dropped, an unknown host key. A step
+    stopped by one is recorded `error` (Allure's `broken`), not `failed`: it says nothing of the model."""
+    return isinstance(error, (DeviceTimeoutError, DeviceLostError, TransientTransportError, HostKeyError))

@@ -22,7 +22,7 @@ from harness.llm.pipeline import LlmOnboarding
 from harness.options import AccuracyOptions, ValidationOptions
 from harness.pipeline import Onboarding
 from harness.reporting.records import StepRecord
-from harness.runner.client import DeviceRunner
+from harness.runner.client import DEFAULT_COMMAND_TIMEOUT_S, DeviceRunner
 from harness.target import Target
 from harness.transports import Transport, open_transport
 from harness.transports.emulator import emulator_root
@@ -40,12 +40,14 @@ class DevicePool:
     """
 
     def __init__(self, cache: ArtifactCache, keep_files: bool = False, farm: "FarmState | None" = None,
-                 health_check: bool = True, min_free_mb: float | None = None) -> None:
+                 health_check: bool = True, min_free_mb: float | None = None,
+                 command_timeout_s: float = DEFAULT_COMMAND_TIMEOUT_S) -> None:
         self._cache = cache
         self._keep = keep_files
         self.farm = farm or FarmState(None)
         self.health_check = health_check
         self.min_free_mb = DEFAULT_MIN_FREE_MB if min_free_mb is None else min_free_mb
+        self.command_timeout_s = command_timeout_s
         self._runners: dict[str, DeviceRunner] = {}
         self._failed: dict[str, str] = {}
         self.quarantines: dict[str, "Quarantine"] = dict(self.farm.quarantined())  # from earlier runs
@@ -71,7 +73,7 @@ class DevicePool:
             except HarnessError as e:
                 self.mark_failed(device.id, f"connecting failed: {str(e).splitlines()[0]}")
                 raise
-            runner = DeviceRunner(transport)
+            runner = DeviceRunner(transport, timeout_s=self.command_timeout_s)
             if device.telemetry.enabled:  # the device's idle temperatures, before any work (cooldown's reference)
                 runner.idle_temps_c = read_temps(transport)
             self._runners[device.id] = runner

@@ -243,3 +243,24 @@ def test_a_device_held_by_another_process_is_waited_for_then_named(pytester, ses
         FIRST_STEPS[0], "-p", "no:cacheprovider", "--device", "sm8650", "--cache-dir", str(session_cache_dir),
         "--device-lock-dir", str(tmp_path / "locks"))
     again.assert_outcomes(passed=1)  # released: the next run takes it
+
+
+def test_a_device_command_past_its_timeout_is_an_error_of_the_bench_not_a_failed_model(pytester, tmp_path,
+                                                                                       monkeypatch):
+    monkeypatch.setenv("HARNESS_RUNNER", "oneshot")  # each command starts the runner: longer than 0.2 s
+    kpi = tmp_path / "kpi.json"
+    result = pytester.runpytest_subprocess(
+        FIRST_STEPS[0], FIRST_STEPS[3], "-p", "no:cacheprovider", "--device", "sm8650",
+        "--cache-dir", str(tmp_path / "cache"), "--command-timeout", "0.2", "--kpi-json", str(kpi), "--alluredir", str(tmp_path / "allure"), "-rA")
+    assert result.ret != 0  # the step did not run: not green
+    result.stdout.fnmatch_lines(["*feasibility*error*a device command ran past its time limit "
+                                 "(`--command-timeout SECONDS` sets it): [[]sm8650-emu[]] command timed out after 0.2 s*"])
+    record, ptq = json.loads(kpi.read_text())["records"]
+    assert record["step"] == "feasibility" and record["outcome"] == "error"
+    assert ptq["outcome"] == "skipped" and "prerequisite step 'feasibility' errored" in ptq["message"]
+    assert "command timed out after 0.2 s" in record["message"] and "`--command-timeout SECONDS`" in record["message"]
+    allure = {r["name"]: r for r in (json.loads(f.read_text()) for f in (tmp_path / "allure").glob("*-result.json"))}
+    assert [r["status"] for r in allure.values() if "feasibility" in r["fullName"]] == ["broken"]  # Allure's status for a test the bench stopped, apart from `failed`
+    bad = pytester.runpytest_subprocess(FIRST_STEPS[0], "--device", "sm8650", "--command-timeout", "0")
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    bad.stderr.fnmatch_lines(["*--command-timeout*'0' is not a duration in seconds (more than 0)*"])

@@ -17,7 +17,7 @@ from typing import Any, Generic, TypeVar
 
 import pytest
 
-from harness.errors import DeviceQuarantinedError, HarnessError, TransportError
+from harness.errors import DeviceQuarantinedError, DeviceTimeoutError, HarnessError, TransportError, is_infrastructure
 from harness.reporting import charts
 from harness.reasons import headline, summarize
 from harness.steps.table import PASSED, Step, StepOptions, steps
@@ -102,7 +102,8 @@ def _build_session(config: pytest.Config):
     released = farm.release(opt.unquarantine) if not _is_xdist_worker(config) else []
     # xdist workers share devices: the controller cleans up once they are done
     pool = DevicePool(cache, keep_files=opt.keep_device_files or _is_xdist_worker(config), farm=farm,
-                      health_check=not opt.no_health_check, min_free_mb=opt.device_min_free_mb)
+                      health_check=not opt.no_health_check, min_free_mb=opt.device_min_free_mb,
+                      command_timeout_s=opt.command_timeout)
     return HarnessSession(devices=devices, targets=targets, cache=cache, pool=pool,
                           kpi_json=Path(opt.kpi_json) if opt.kpi_json else None,
                           locks=DeviceLocks(Path(opt.device_lock_dir) if opt.device_lock_dir else None,
@@ -192,6 +193,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         elif report.failed:
             message = str(getattr(report.longrepr, "reprcrash", None) and report.longrepr.reprcrash.message
                           or report.longreprtext.splitlines()[-1:] or "")
+            if verdict is not None and verdict.status == "error":  # the bench stopped it, not the model
+                state = "error"
+                flag_allure_result(item.config, state, message, [])
         elif verdict is not None:
             state = "inconclusive" if verdict.status == "inconclusive" else state
             message, marginal = verdict.message, verdict.marginal
@@ -267,18 +271,21 @@ class _RecordCollector:
 @dataclass
 class Outcome(Generic[T]):
     """A step's result for one target, or the HarnessError message that stopped it (transport_error: it was
-    a transport error, which counts toward the device's quarantine)."""
+    a transport error, which counts toward the device's quarantine; infrastructure: the test bench stopped it,
+    not the model, see harness.errors.is_infrastructure)."""
 
     step: str
     value: T | None = None
     error: str | None = None
     transport_error: bool = False
+    infrastructure: bool = False
 
     def require_value(self) -> T:
         """Return the value for a dependent step, skipping that step when this one raised (a missed
         KPI limit does not stop it: for steps that explain or build on a result either way)."""
         if self.error is not None:
-            pytest.skip(f"prerequisite step '{self.step}' failed: {self.error}")
+            pytest.skip(f"prerequisite step '{self.step}' {'errored' if self.infrastructure else 'failed'}: "
+                        f"{self.error}")
         return self.value
 
     def require(self) -> T:
@@ -295,7 +302,11 @@ def _outcome(step: str, compute) -> Outcome:
     try:
         return Outcome(step, value=compute())
     except HarnessError as e:
-        return Outcome(step, error=str(e), transport_error=isinstance(e, TransportError))
+        message = str(e)
+        if isinstance(e, DeviceTimeoutError):  # what to do first: the headline shows the message's start
+            message = f"a device command ran past its time limit (`--command-timeout SECONDS` sets it): {message}"
+        return Outcome(step, error=message, transport_error=isinstance(e, TransportError),
+                       infrastructure=is_infrastructure(e))
 
 
 @pytest.fixture(scope="session")
@@ -378,7 +389,8 @@ def check(request: pytest.FixtureRequest):
             hs.pool.note_step(callspec.params["target"].device.id, outcome.error if outcome.transport_error else None)
         if outcome.error is not None:
             message = summarize(outcome.step, [outcome.error])
-            request.node.stash[_VERDICT_KEY] = _StepVerdict("error", message, [])
+            request.node.stash[_VERDICT_KEY] = _StepVerdict("error" if outcome.infrastructure else "failed",
+                                                            message, [])
             pytest.fail(message, pytrace=False)
         report = outcome.value
         request.node.stash[_KPIS_KEY] = dict(report.kpis)  # a copy: telemetry's KPIs join it

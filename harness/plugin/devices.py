@@ -22,7 +22,7 @@ import pytest
 import os
 
 from harness.errors import HarnessError
-from harness.options import bounded
+from harness.options import bounded, positive_seconds
 from harness.plugin import DEVICE_STATE_PROPERTY, SESSION_KEY, _KPIS_KEY
 
 DEFAULT_TELEMETRY_INTERVAL_S = 0.5
@@ -35,6 +35,7 @@ _interval = bounded(float, 0, "an interval in seconds (0 turns telemetry off)")
 def pytest_addoption(parser: pytest.Parser) -> None:
     from harness.farm.health import DEFAULT_MIN_FREE_MB
     from harness.farm.state import DEFAULT_QUARANTINE_HOURS
+    from harness.runner.client import DEFAULT_COMMAND_TIMEOUT_S
 
     group = parser.getgroup("snapdragon")
     group.addoption("--telemetry-interval", type=_interval, default=DEFAULT_TELEMETRY_INTERVAL_S, metavar="SECONDS",
@@ -53,6 +54,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "<tmp>/snapdragon-harness-locks): one host-wide directory per farm")
     group.addoption("--device-lock-timeout", type=bounded(float, 0, "a duration in seconds (0 or more)"),
                     default=1800.0, metavar="SECONDS", help="wait this long for a device another process uses")
+    group.addoption("--command-timeout", type=positive_seconds,
+                    default=DEFAULT_COMMAND_TIMEOUT_S, metavar="SECONDS",
+                    help=f"stop a device command that runs longer (default {DEFAULT_COMMAND_TIMEOUT_S:g}); the step "
+                         "it served is recorded `error`, not `failed`")
     group.addoption("--no-health-check", action="store_true", help="skip the devices' health check before first use")
     group.addoption("--device-min-free-mb", type=bounded(float, 0, "a size in MB (0 or more)"),
                     default=DEFAULT_MIN_FREE_MB, metavar="MB",

@@ -84,8 +84,10 @@ def task_metric_titles(kpis: dict[str, Any]) -> list[str]:
 
 def flag_allure_result(config, outcome: str, message: str, marginal: list[str]) -> None:  # type: ignore[no-untyped-def]
     """Mark the running test's Allure result: an inconclusive step gets Allure's status `unknown` (neither
-    passed nor failed) with its reasons as the status message, a marginal pass keeps `passed` with the
-    marginal verdicts as its message; both are tagged, so the categories INCONCLUSIVE and MARGINAL find them.
+    passed nor failed) with its reasons as the status message, a step the test bench stopped (outcome
+    `error`: a device timeout, a lost device) gets `broken`, a marginal pass keeps `passed` with the
+    marginal verdicts as its message; inconclusive and marginal are tagged, so the categories INCONCLUSIVE
+    and MARGINAL find them.
     Call after allure-pytest has set the call phase's status; a no-op without --alluredir."""
     listener = config.pluginmanager.getplugin("allure_listener")
     result = listener.allure_logger.get_test(None) if listener is not None else None
@@ -97,6 +99,8 @@ def flag_allure_result(config, outcome: str, message: str, marginal: list[str]) 
         result.status = Status.UNKNOWN
         result.statusDetails = StatusDetails(message=status_message(INCONCLUSIVE, message))
         result.labels.append(Label(name="tag", value=INCONCLUSIVE.lower()))
+    elif outcome == "error":
+        result.status = Status.BROKEN
     elif marginal and result.status == Status.PASSED:
         result.statusDetails = StatusDetails(message=status_message(MARGINAL, "\n".join(marginal)))
         result.labels.append(Label(name="tag", value=MARGINAL.lower()))

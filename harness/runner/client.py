@@ -142,6 +142,9 @@ def read_results(out_dir: Path, report: dict) -> list[Feed]:
     return results
 
 
+DEFAULT_COMMAND_TIMEOUT_S = 900.0  # a device command's limit (--command-timeout); the simulator runs a 0.5B LLM
+                                   # call in about 30 s and a 1-hour budget step in its budget plus 300 s
+
 class DeviceRunner:
     """Runs models on one device through its transport with the device-side runner.
 
@@ -152,7 +155,7 @@ class DeviceRunner:
     close() stops the server.
     """
 
-    def __init__(self, transport: Transport, timeout_s: float = 900.0) -> None:
+    def __init__(self, transport: Transport, timeout_s: float = DEFAULT_COMMAND_TIMEOUT_S) -> None:
         self.transport = transport
         self.timeout_s = timeout_s
         self._server: RunnerServer | None = None
