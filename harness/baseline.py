@@ -424,15 +424,19 @@ def compare_paired(step: str, kpi: str, baseline: Sequence[float], current: Sequ
 
 
 def compare_outcome(step: str, baseline: str | None, current: str | None) -> KpiVerdict | None:
-    """Compare a step's outcome: `regressed` when it passed in the baseline and fails (or errors) now,
-    `improved` the other way round, `new`/`missing` when it ran on one side only (skipped counts as not
-    run), else `unchanged`; None when it ran on neither side."""
+    """Compare a step's outcome: `regressed` when it passed in the baseline and fails now, `improved` the
+    other way round, `inconclusive` when the test bench stopped it on either side (`error`: a device command
+    past its time limit, a lost device; it says nothing of the model), `new`/`missing` when it ran on one
+    side only (skipped counts as not run), else `unchanged`; None when it ran on neither side."""
     rule = "a step that passed in the baseline and fails now regresses"
     base = baseline if baseline in RAN else None
     cur = current if current in RAN else None
     side = one_side(step, "outcome", base, cur, rule)
     if side is not None or base is None:
         return side
+    if "error" in (base, cur) and base != cur:
+        return KpiVerdict("outcome", step, base, cur, None, None, "inconclusive", None, rule, "",
+                          "the test bench stopped the step (error), so its outcome says nothing of the model")
     verdict = ("inconclusive" if base == "passed" and cur == "inconclusive" else
                "regressed" if base == "passed" and cur != "passed" else
                "improved" if base != "passed" and cur == "passed" else "unchanged")

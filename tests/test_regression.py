@@ -147,6 +147,10 @@ def test_one_sided_kpis_are_new_or_missing_and_outcomes_compare():
     assert compare_outcome("ptq", "failed", "passed").verdict == "improved"
     assert compare_outcome("ptq", "passed", "skipped").verdict == "missing"
     assert compare_outcome("ptq", "skipped", None) is None
+    timed_out = compare_outcome("ptq", "passed", "error")  # a device command past its limit: not the model's
+    assert timed_out.verdict == "inconclusive" and "test bench" in timed_out.message()
+    assert compare_outcome("ptq", "error", "passed").verdict == "inconclusive"
+    assert compare_outcome("ptq", "error", "error").verdict == "unchanged"
 
 
 def _snap(steps: dict[str, tuple[str, dict]], soc: str = "sm8650", sha: str = "a" * 64, model: str = "clf",
