@@ -5,7 +5,12 @@ A baseline file is ``DIR/<device>/<model>.json`` (``--save-baseline DIR`` writes
 the end of a run)::
 
     {"format": 2, "device": ..., "soc": ..., "model": ..., "model_sha256": ..., "harness_version": ...,
-     "saved_at": ..., "steps": {step: {"outcome": ..., "kpis": {...}}}}
+     "saved_at": ..., "toolchain": {"onnxruntime": ..., "onnxruntime_qnn": ..., "qnn_sdk": ..., ...},
+     "steps": {step: {"outcome": ..., "kpis": {...}}}}
+
+``toolchain`` (optional: older files have none) is what the run that saved it ran on; a later run on
+another toolchain says so beside its verdicts, since a changed QNN SDK changes latency and accuracy as a
+changed model does.
 
 Format 2 (this harness) differs from format 1 (older harnesses, still read) in what the profile step's KPIs
 hold: the latency measured in independent blocks with their spread (``latency_blocks_ms``,
@@ -35,7 +40,7 @@ from harness.files import sha256_file, write_text_atomically
 from harness.json_values import json_default
 from harness.reporting.records import StepRecord
 from harness.repeats import min_unpaired_p, paired, unpaired_p
-from harness.versions import harness_version
+from harness.versions import harness_version, toolchain_versions
 
 if TYPE_CHECKING:
     from harness.cache import ArtifactCache
@@ -68,12 +73,13 @@ class Snapshot:
     harness_version: str | None = None
     saved_at: str | None = None
     format: int = FORMAT
+    toolchain: dict[str, str | None] = field(default_factory=dict)  # harness.versions.toolchain_versions()
 
     def as_json(self) -> dict[str, Any]:
         """The snapshot as a baseline file's JSON object."""
         return {"format": self.format, "device": self.device, "soc": self.soc, "model": self.model,
                 "model_sha256": self.model_sha256, "harness_version": self.harness_version,
-                "saved_at": self.saved_at,
+                "saved_at": self.saved_at, "toolchain": self.toolchain,
                 "steps": {name: {"outcome": s.outcome, "kpis": s.kpis} for name, s in self.steps.items()}}
 
     def ran(self) -> bool:
@@ -82,7 +88,8 @@ class Snapshot:
 
 
 def snapshot(records: Iterable[StepRecord], device: str, soc: str, model: str, model_sha256: str,
-             harness_version: str | None = None, saved_at: str | None = None) -> Snapshot:
+             harness_version: str | None = None, saved_at: str | None = None,
+             toolchain: dict[str, str | None] | None = None) -> Snapshot:
     """Return the Snapshot of device × model from step records (the regression step's own left out; a step
     recorded twice keeps its last record)."""
     steps: dict[str, StepRecord] = {}
@@ -90,7 +97,7 @@ def snapshot(records: Iterable[StepRecord], device: str, soc: str, model: str, m
         if r.device == device and r.model == model and r.step != REGRESSION_STEP:
             steps.pop(r.step, None)  # re-recorded: moves to the end, in run order
             steps[r.step] = StepRecord(device, soc, model, r.step, r.outcome, dict(r.kpis))
-    return Snapshot(device, soc, model, model_sha256, steps, harness_version, saved_at)
+    return Snapshot(device, soc, model, model_sha256, steps, harness_version, saved_at, toolchain=dict(toolchain or {}))
 
 
 def baseline_path(root: Path, device: str, model: str) -> Path:
@@ -163,9 +170,12 @@ def load_baseline(path: Path) -> Snapshot:
                 or not isinstance(step.get("kpis"), dict):
             raise bad(f"steps.{name} is not an object with a string 'outcome' and an object 'kpis'")
         results[name] = StepRecord(data["device"], data["soc"], data["model"], name, step["outcome"], step["kpis"])
+    toolchain = data.get("toolchain") or {}
+    if not isinstance(toolchain, dict):
+        raise bad(f"'toolchain' is {type(toolchain).__name__}, not an object of package versions")
     return Snapshot(data["device"], data["soc"], data["model"], data["model_sha256"], results,
                     _optional_str(data.get("harness_version")), _optional_str(data.get("saved_at")),
-                    data["format"])
+                    data["format"], {str(k): _optional_str(v) for k, v in toolchain.items()})
 
 
 def _optional_str(value: Any) -> str | None:
@@ -206,10 +216,10 @@ def save_baselines(root: Path, targets: Sequence["Target"], records: Sequence[St
     """Write one baseline per target that ran at least one step (a target whose steps were all skipped or
     deselected keeps any earlier baseline); return what was done per target. Raises BaselineError when a
     file cannot be written."""
-    saved_at, version = now_iso(), harness_version()
+    saved_at, version, toolchain = now_iso(), harness_version(), toolchain_versions()
     done = []
     for t in targets:
-        snap = snapshot(records, t.device.id, t.soc.id, t.model.name, "", version, saved_at)
+        snap = snapshot(records, t.device.id, t.soc.id, t.model.name, "", version, saved_at, toolchain)
         if not snap.ran():
             done.append(Saved(t.device.id, t.model.name, None,
                               reason="no step ran on it in this run (all skipped or deselected)"))

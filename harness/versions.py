@@ -30,6 +30,16 @@ def bundled_qnn_version() -> str | None:
     return getattr(build_and_package_info, "qnn_version", None)
 
 
+TOOLCHAIN_PACKAGES = ("onnxruntime", "onnxruntime-qnn", "onnx", "onnxslim", "numpy", "aimet-onnx")
+
+
+def toolchain_versions() -> dict[str, str | None]:
+    """Return the versions of what turns a model into figures (onnxruntime, onnxruntime-qnn and the QNN SDK it
+    bundles, onnx, onnxslim, numpy, AIMET; None for what is not installed), by distribution name: what a
+    baseline records, so that a later run on another toolchain can say so."""
+    return {**{name: package_version(name) for name in TOOLCHAIN_PACKAGES}, "qnn-sdk": bundled_qnn_version()}
+
+
 def tool_versions() -> dict[str, str | None]:
     """Return this machine's versions of the harness, onnxruntime, onnxruntime-qnn, the QNN SDK that
     onnxruntime-qnn bundles, Python and the platform (None for what is not installed)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from harness.errors import ConfigError
 from harness.evaluation.datasets import labelled_samples
 from harness.models import Thresholds, fix_input_shapes, resolve_model
 from harness.repeats import min_unpaired_p, summary
+from harness.versions import toolchain_versions
 from harness.reporting.records import StepRecord
 from harness.steps.inference import run_host
 from harness.steps.regression import regression
@@ -273,6 +275,23 @@ def test_the_report_fails_on_each_regressed_kpi_and_notes_another_model_file_and
     assert report.failures[1] == "runtime outcome regressed: passed -> failed"
     assert any(f"sha256 {'a' * 64}; this run's is {'b' * 64}" in n for n in report.notes)
     assert any("saved on SoC sm8650, this run is on sm8550" in n for n in report.notes)
+    assert not any("toolchain" in n for n in report.notes)  # neither snapshot recorded one
+
+
+def test_a_baseline_saved_on_another_toolchain_is_compared_with_a_note_naming_what_changed(tmp_path):
+    base = replace(_snap({"runtime": ("passed", {})}), toolchain={"onnxruntime-qnn": "2.6.0", "qnn-sdk": "2.41.0",
+                                                                  "numpy": "2.4.6", "aimet-onnx": None})
+    save_baseline(tmp_path, base)
+    loaded = load_baseline(baseline_path(tmp_path, "sm8650-emu", "clf"))
+    assert loaded.toolchain == base.toolchain  # round trip, None kept
+    cur = replace(_snap({"runtime": ("passed", {})}), toolchain={"onnxruntime-qnn": "2.7.0", "qnn-sdk": "2.42.0",
+                                                                 "numpy": "2.4.6"})
+    report = regression(loaded, tmp_path / "clf.json", cur, Thresholds())
+    [note] = [n for n in report.notes if "toolchain" in n]
+    assert "another toolchain (onnxruntime-qnn 2.6.0 -> 2.7.0, qnn-sdk 2.41.0 -> 2.42.0)" in note
+    assert report.passed and report.kpis["baseline_toolchain"]["qnn-sdk"] == "2.41.0"
+    assert set(toolchain_versions()) >= {"onnxruntime", "onnxruntime-qnn", "qnn-sdk", "onnx", "numpy"}
+    assert toolchain_versions()["onnxruntime-qnn"] is not None  # installed here: the simulator runs on it
 
 
 def test_the_gate_holds_cer_to_its_direction_on_a_real_recognizer_s_labelled_lines(tmp_path):
@@ -376,7 +395,7 @@ def test_snapshot_leaves_out_the_regression_step_and_saves_atomically(tmp_path):
     assert [p.name for p in path.parent.iterdir()] == ["clf.json"]  # no temporary file left
     data = json.loads(path.read_text())
     assert data == {"format": 2, "device": "sm8650-emu", "soc": "sm8650", "model": "clf", "model_sha256": "c" * 64,
-                    "harness_version": "0.1.0", "saved_at": "2025-01-01T00:00:00+00:00",
+                    "harness_version": "0.1.0", "saved_at": "2025-01-01T00:00:00+00:00", "toolchain": {},
                     "steps": {"ptq": {"outcome": "passed", "kpis": {"task_metric": 0.9}}}}
     assert load_baseline(path) == snap
 

@@ -35,6 +35,7 @@ from harness.models import Thresholds
 from harness.repeats import min_unpaired_p, summary
 from harness.steps.report import StepReport
 from harness.steps.table import WALL, KpiRule, rules
+from harness.versions import toolchain_versions
 
 if TYPE_CHECKING:
     from harness.cache import ArtifactCache
@@ -242,7 +243,8 @@ def another_model(baseline: Snapshot, current: Snapshot) -> bool:
 
 def mismatch_notes(baseline: Snapshot, current: Snapshot, path: Path) -> list[str]:
     """Return a note for each way the baseline is not of this device × model: another model file (by content
-    hash), SoC, device or model name, an older format; the KPIs are still compared where both have them."""
+    hash), SoC, device or model name, another toolchain (the packages both recorded), an older format; the
+    KPIs are still compared where both have them."""
     notes = []
     if another_model(baseline, current):
         notes.append(f"the baseline {path} is of another model ('{baseline.model}', sha256 {baseline.model_sha256}; "
@@ -259,6 +261,11 @@ def mismatch_notes(baseline: Snapshot, current: Snapshot, path: Path) -> list[st
     for what, base, cur in (("device", baseline.device, current.device), ("model", baseline.model, current.model)):
         if base != cur and not (what == "model" and another_model(baseline, current)):
             notes.append(f"the baseline {path} names {what} '{base}', this run's is '{cur}'")
+    changed = [f"{name} {base} -> {current.toolchain.get(name)}" for name, base in baseline.toolchain.items()
+               if name in current.toolchain and current.toolchain[name] != base]
+    if changed:
+        notes.append(f"the baseline {path} was saved on another toolchain ({', '.join(changed)}): a difference may "
+                     "be the toolchain's, not the model's or the device's (save a baseline on this one to tell)")
     if baseline.format < 2:
         notes.append(f"the baseline {path} is format {baseline.format} (harness "
                      f"{baseline.harness_version or 'unknown'}): it has no independent latency blocks, noise floor "
@@ -287,6 +294,8 @@ def regression(baseline: Snapshot, path: Path, current: Snapshot, thresholds: Th
         "baseline_model": baseline.model,
         "baseline_model_sha256": baseline.model_sha256,
         "model_sha256": current.model_sha256,
+        "baseline_toolchain": baseline.toolchain,
+        "toolchain": current.toolchain,
         "verdicts": rows,
         "regressed": [f"{v.step} {v.kpi}" for v in regressed],
         "inconclusive": [f"{v.step} {v.kpi}" for v in undecided],
@@ -310,5 +319,5 @@ def regression_against(path: Path, target: "Target", records: Sequence["StepReco
     unreadable or corrupt baseline."""
     baseline = load_baseline(path)
     current = snapshot(records, target.device.id, target.soc.id, target.model.name,
-                       model_sha256(target.model, cache))
+                       model_sha256(target.model, cache), toolchain=toolchain_versions())
     return regression(baseline, path, current, target.model.thresholds, bench)
