@@ -15,6 +15,7 @@ set -euo pipefail
 PYTHON="${PYTHON:-python3}"
 AIMET_VERSION=2.42.0 TORCH_VERSION=2.13.0 TORCHVISION_VERSION=0.28.0
 pip() { "$PYTHON" -m pip "$@"; }
+export PIP_CONSTRAINT="${PIP_CONSTRAINT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/constraints.txt}"  # the verified toolchain
 
 if "$PYTHON" -c "import aimet_onnx, torch, sys; sys.exit(not (aimet_onnx.__version__ == '$AIMET_VERSION' and torch.version.cuda is None))" 2>/dev/null; then
   echo "aimet-onnx $AIMET_VERSION (CPU torch) is already installed in $PYTHON"

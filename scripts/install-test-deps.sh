@@ -6,6 +6,7 @@
 # speaks the wake word its calibration data needs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export PIP_CONSTRAINT="${PIP_CONSTRAINT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/constraints.txt}"  # the verified toolchain
 need=()
 command -v adb >/dev/null 2>&1 || need+=(adb)
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
