@@ -33,23 +33,71 @@ def _soc_args(runner: DeviceRunner, runtime: str) -> list[str]:
     return ["--runtime", runtime, "--htp_arch", str(soc.htp_arch), "--soc_model", str(soc.soc_model)]
 
 
+BUDGET_OF_TIMEOUT = 0.75  # an nll command plans to end within this share of the runner's command time limit
+
+
 def device_nll(runner: DeviceRunner, prefill: Path, windows: np.ndarray, runtime: str = "htp",
-               forced: list[tuple[list[int], int]] | None = None, decode: Path | None = None) -> dict:
+               forced: list[tuple[list[int], int]] | None = None, decode: Path | None = None,
+               budget_s: float | None = None) -> dict:
     """Return llm_runner's `nll` result for token windows [N, W] through the prefill graph on the device; with
     `forced` (token ids, from) sequences, also its `forced` result: each sequence's argmax tokens after positions
-    from-1 onward, teacher-forced (the decode graph takes what the prefill graph's cache cannot)."""
+    from-1 onward, teacher-forced (the decode graph takes what the prefill graph's cache cannot).
+
+    The work is paced, not guessed: each command gets budget_s (default BUDGET_OF_TIMEOUT of the runner's
+    command time limit), the runner stops before an item that would likely pass it and reports what is left,
+    and the rest goes in further commands (`commands` says how many ran): a 0.5B model on the HTP simulator
+    (about 26 s per window) takes several, a phone one, and the time limit stays a hang detector."""
+    budget = runner.timeout_s * BUDGET_OF_TIMEOUT if budget_s is None else budget_s
+    forced = list(forced or [])
+    merged: dict | None = None
+    done_w = done_f = 0
+    while merged is None or done_w < len(windows) or done_f < len(forced):
+        part = _nll_command(runner, prefill, windows[done_w:], runtime, forced[done_f:], decode, budget)
+        got_w, got_f = len(part["windows"]), len((part.get("forced") or {}).get("sequences", []))
+        if merged is not None and not (got_w or got_f):
+            raise RunnerError(f"llm_runner nll on {Path(prefill).name} made no progress in a command "
+                              f"({len(windows) - done_w} windows and {len(forced) - done_f} sequences left)",
+                              device=runner.transport.device_id)
+        merged = part if merged is None else _merge_nll(merged, part)
+        done_w, done_f = done_w + got_w, done_f + got_f
+    merged["commands"] = merged.get("commands", 1)
+    return merged
+
+
+def _nll_command(runner: DeviceRunner, prefill: Path, windows: np.ndarray, runtime: str,
+                 forced: list[tuple[list[int], int]], decode: Path | None, budget_s: float) -> dict:
+    """Return one llm_runner nll command's result (its `remaining` says what it left for the next)."""
     import io
 
     buffer = io.BytesIO()
     np.save(buffer, np.ascontiguousarray(windows, dtype=np.int32))
     command = ["nll", "--prefill", push_model(runner.transport, prefill),
-               "--windows", _push_data(runner, "windows.npy", buffer.getvalue()), *_soc_args(runner, runtime)]
+               "--windows", _push_data(runner, "windows.npy", buffer.getvalue()), *_soc_args(runner, runtime),
+               "--budget_s", f"{budget_s:.3f}"]
     if forced:
         payload = json.dumps([{"ids": list(ids), "from": start} for ids, start in forced]).encode()
         command += ["--sequences", _push_data(runner, "sequences.json", payload)]
         if decode is not None:
             command += ["--decode", push_model(runner.transport, decode)]
     return runner.run_tool(LLM_RUNNER, command)
+
+
+def _merge_nll(merged: dict, part: dict) -> dict:
+    """Return merged with a later command's windows and sequences appended (totals and perplexity redone)."""
+    import math
+
+    out = dict(merged, windows=merged["windows"] + part["windows"], commands=merged.get("commands", 1) + 1,
+               remaining=part.get("remaining"))
+    out["nll_sum"] = merged["nll_sum"] + part["nll_sum"]
+    out["token_count"] = merged["token_count"] + part["token_count"]
+    out["perplexity"] = math.exp(out["nll_sum"] / out["token_count"]) if out["token_count"] else None
+    out["peak_rss_mb"] = max(merged.get("peak_rss_mb") or 0, part.get("peak_rss_mb") or 0) or None
+    if part.get("forced", {}).get("sequences"):
+        before = merged.get("forced") or {"shared_tokens": part["forced"]["shared_tokens"], "sequences": []}
+        shared = part["forced"]["shared_tokens"] if not before["sequences"] else min(before["shared_tokens"],
+                                                                                      part["forced"]["shared_tokens"])
+        out["forced"] = {"shared_tokens": shared, "sequences": before["sequences"] + part["forced"]["sequences"]}
+    return out
 
 
 def device_generate(runner: DeviceRunner, prefill: Path, decode: Path, prompts: list[tuple[int, ...]],

@@ -49,7 +49,7 @@ try:  # imported as harness.runner.llm_runner on the host
 except ImportError:  # run as a script from the device's bin/, beside device_runner.py
     import device_runner
 
-RUNNER_VERSION = "2"  # 2: nll --sequences (teacher-forced argmax tokens)
+RUNNER_VERSION = "3"  # 2: nll --sequences (teacher-forced argmax tokens); 3: nll --budget_s (work left is reported)
 RESULT_FILE = "result.json"
 INPUT_IDS = "input_ids"
 ATTENTION_MASK = "attention_mask"
@@ -235,9 +235,11 @@ class KvLoop:
             dst[...] = src
         self.call_s = []
 
-    def forced_top1(self, sequences):
+    def forced_top1(self, sequences, out_of_time=lambda item_s: False):
         """Return per {"ids", "from"} sequence the argmax tokens after positions from-1 .. len-1, each sequence
-        fed after the cache of the sequences' common leading tokens (computed once, never past any from-1)."""
+        fed after the cache of the sequences' common leading tokens (computed once, never past any from-1);
+        stops before a sequence when out_of_time(the longest one's seconds so far) says so (after one at least),
+        so that fewer sequences than given may be answered."""
         np = self.np
         common = os.path.commonprefix([s["ids"] for s in sequences])  # element-wise: lists too
         shared = min(len(common), min(s["from"] for s in sequences) - 1)
@@ -247,6 +249,8 @@ class KvLoop:
         state = self.snapshot()
         out = []
         for s in sequences:
+            if out and out_of_time(max(o["s"] for o in out)):
+                break
             self.restore(state)
             start = time.perf_counter()
             logits = self.prefill(s["ids"][shared:])[s["from"] - 1 - shared:]
@@ -289,6 +293,8 @@ def parse_args(argv):
     nll.add_argument("--windows", required=True, help=".npy of [N, W] int32 token windows, 2 <= W <= AR")
     nll.add_argument("--sequences", help='JSON list of {"ids": [...], "from": k}: teacher-forced argmax tokens')
     nll.add_argument("--decode", help="the decode graph, for sequences past the prefill graph's cache")
+    nll.add_argument("--budget_s", type=float, help="stop before an item that would likely end past this many "
+                     "seconds from the start, and report what is left (`remaining`)")
     args = p.parse_args(argv)
     if args.command == "generate" and args.max_new < 1:
         p.error("--max_new must be at least 1")
@@ -382,8 +388,11 @@ def _load_sequences(path, vocab, context):
     return sequences
 
 
-def run_nll(np, ort, args, npu, report):
-    """The nll command: fills report's sessions, windows and totals (and with --sequences, their top1)."""
+def run_nll(np, ort, args, npu, report, started=None):
+    """The nll command: fills report's sessions, windows and totals (and with --sequences, their top1). With
+    --budget_s, it stops before a window or sequence that would likely end past that many seconds from
+    started (twice the longest item so far; one item at least) and reports how many of each are left in
+    `remaining`, for the caller to send in another command."""
     prefill = open_graph(ort, args, args.prefill, "prefill", npu, report["sessions"])
     decode = open_graph(ort, args, args.decode, "decode", npu, report["sessions"]) if args.decode else None
     loop = KvLoop(np, prefill, decode)
@@ -396,8 +405,15 @@ def run_nll(np, ort, args, npu, report):
             0 <= windows.min() and windows.max() < vocab)):
         raise RunnerFailure("windows %s: expected [N, W] integer token ids in [0, %d), got %s %s"
                             % (args.windows, vocab, windows.dtype, list(windows.shape)))
+    started = time.perf_counter() if started is None else started
+
+    def out_of_time(item_s):
+        return args.budget_s is not None and time.perf_counter() - started + 2.0 * item_s > args.budget_s
+
     rows, total, count = [], 0.0, 0
     for window in windows.tolist():
+        if rows and out_of_time(max(r["s"] for r in rows)):
+            break
         t = time.perf_counter()
         nll, n = loop.window_nll(window)
         rows.append({"nll": nll, "count": n, "s": time.perf_counter() - t})
@@ -406,11 +422,17 @@ def run_nll(np, ort, args, npu, report):
     report["windows"] = rows
     report["nll_sum"], report["token_count"] = total, count
     report["perplexity"] = math.exp(total / count) if count else None
-    if args.sequences:
-        report["forced"] = loop.forced_top1(_load_sequences(args.sequences, vocab, loop.context))
+    sequences = _load_sequences(args.sequences, vocab, loop.context) if args.sequences else []
+    left = len(windows) - len(rows)
+    if sequences:
+        report["forced"] = loop.forced_top1(sequences, out_of_time) if not left else {"shared_tokens": 0,
+                                                                                      "sequences": []}
+    report["remaining"] = {"windows": left, "sequences": len(sequences) - len((report.get("forced") or
+                                                                                {}).get("sequences", []))}
 
 
 def main(argv=None):
+    started = time.perf_counter()  # --budget_s counts from here: the sessions' creation is part of the command
     args = parse_args(sys.argv[1:] if argv is None else argv)
     os.makedirs(args.output_dir, exist_ok=True)
     report = {"runner_version": RUNNER_VERSION, "command": args.command, "runtime": args.runtime,
@@ -424,7 +446,10 @@ def main(argv=None):
 
         ort.set_default_logger_severity(3)
         report["onnxruntime_version"] = ort.__version__
-        (run_generate if args.command == "generate" else run_nll)(np, ort, args, npu, report)
+        if args.command == "generate":
+            run_generate(np, ort, args, npu, report)
+        else:
+            run_nll(np, ort, args, npu, report, started)
     except RunnerFailure as e:
         report["error"], code = str(e), e.code
     except Exception as e:  # anything the runtime raised, in its own words
