@@ -276,6 +276,19 @@ def test_dialog_through_genie_t2t_run(bundle, device_bin, dialog_result, tmp_pat
     assert json.loads((tmp_path / "out" / "t2t" / "genie_config_0.json").read_text())["dialog"]["max-num-tokens"] == MAX_NEW
 
 
+def test_a_dialog_past_its_budget_stops_before_a_prompt_and_reports_the_rest(bundle, device_bin, dialog_result,
+                                                                            tmp_path):
+    for t2t in ([], ["--t2t_run", str(device_bin / "genie-t2t-run")]):
+        rc, result, stderr = run_genie(device_bin, "dialog", "--config", str(bundle), "--prompts",
+                                       write_prompts(tmp_path / "p.json", TEXT_PROMPTS), "--max_new", str(MAX_NEW),
+                                       "--output_dir", str(tmp_path / f"out{len(t2t)}"), "--budget_s", "0.001", *t2t)
+        assert rc == 0, stderr
+        # the first prompt always runs; the second would pass the budget, so it is left for another command
+        assert len(result["prompts"]) == 1 and result["remaining"] == {"prompts": len(TEXT_PROMPTS) - 1}
+        assert result["prompts"][0]["text"] == dialog_result["prompts"][0]["text"]
+    assert dialog_result["remaining"] == {"prompts": 0}
+
+
 def test_stress_fills_the_context_without_errors_or_unbounded_memory(bundle, device_bin, tokenizer, tmp_path):
     prompts = [TEXT_PROMPTS[1], "The", TEXT_PROMPTS[0]]
     rc, result, stderr = run_genie(device_bin, "stress", "--config", str(bundle), "--prompts",

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.errors import ConfigError
+from harness.errors import ConfigError, RunnerError
 from harness.reporting import charts
 from harness.kpi import Limit
-from harness.llm.device import FloatJudge, _push_data
+from harness.llm.device import BUDGET_OF_TIMEOUT, FloatJudge, _push_data
 from harness.llm.steps import agreement_kpis
 from harness.llm.text import TokenizedPrompt
 from harness.models import Thresholds
@@ -60,6 +60,29 @@ def _prompts_file(runner: DeviceRunner, prompts: list[list[int]] | list[str]) ->
     return _push_data(runner, "prompts.json", json.dumps(prompts).encode())
 
 
+def paced_dialog(runner: DeviceRunner, device: GenieDevice, given: list[list[int]] | list[str], max_new: int,
+                 out_dir: Path) -> dict:
+    """Return genie_runner's `dialog` result over the given prompts, paced as device_nll is: each command gets
+    BUDGET_OF_TIMEOUT of the runner's time limit, stops before a prompt likely to pass it, and the rest go in
+    further commands (a new dialog each; `commands` says how many; init figures are the first's)."""
+    budget = runner.timeout_s * BUDGET_OF_TIMEOUT
+    result: dict | None = None
+    while result is None or len(result["prompts"]) < len(given):
+        done = 0 if result is None else len(result["prompts"])
+        part = runner.run_tool(GENIE_RUNNER, ["dialog", "--config", device.config, "--prompts",
+                                              _prompts_file(runner, given[done:]), "--max_new", str(max_new),
+                                              "--budget_s", f"{budget:.3f}", *device.flags],
+                               keep_dir=out_dir / ("genie_dialog" if result is None else f"genie_dialog_{done}"))
+        if result is not None and not part["prompts"]:
+            raise RunnerError(f"genie_runner dialog made no progress in a command ({len(given) - done} prompts "
+                              "left)", device=runner.transport.device_id)
+        result = part if result is None else dict(result, prompts=result["prompts"] + part["prompts"],
+                                                  commands=result.get("commands", 1) + 1,
+                                                  remaining=part.get("remaining"))
+    result["commands"] = result.get("commands", 1)
+    return result
+
+
 def genie_runtime(runner: DeviceRunner, device: GenieDevice, prompts: list[TokenizedPrompt], max_new: int,
                   judge: FloatJudge, float_tokens: list[list[int]], tokenizer, context_length: int,
                   thresholds: Thresholds, out_dir: Path) -> StepReport:
@@ -70,9 +93,7 @@ def genie_runtime(runner: DeviceRunner, device: GenieDevice, prompts: list[Token
     prompts, float_tokens = prompts[:DIALOG_PROMPTS], float_tokens[:DIALOG_PROMPTS]
     text_mode = bool(device.flags)  # genie-t2t-run takes text prompts
     given = [p.text for p in prompts] if text_mode else [list(p.ids) for p in prompts]
-    result = runner.run_tool(GENIE_RUNNER, ["dialog", "--config", device.config, "--prompts",
-                                            _prompts_file(runner, given), "--max_new", str(max_new), *device.flags],
-                             keep_dir=out_dir / "genie_dialog")
+    result = paced_dialog(runner, device, given, max_new, out_dir)
     rows = result["prompts"]
     for row, prompt in zip(rows, prompts):
         if row.get("generated_ids") is None:  # text out: its ids by the model's tokenizer
@@ -87,7 +108,7 @@ def genie_runtime(runner: DeviceRunner, device: GenieDevice, prompts: list[Token
         "driver": "genie-t2t-run" if text_mode else "libGenie (ctypes)",
         "genie_api_version": result.get("genie_api_version"), "context_length": result.get("context_length")
         or context_length, "prompts": len(rows), "prompts_given": given_count, "max_new_tokens": max_new,
-        "init_time_ms": result.get("init_time_ms"),
+        "init_time_ms": result.get("init_time_ms"), "dialog_commands": result["commands"],
         "time_to_first_token_ms_min": min(ttft) if ttft else None,
         "time_to_first_token_ms_max": max(ttft) if ttft else None,
         "time_to_first_token_range_ms": {"min": min(ttft), "max": max(ttft)} if ttft else None,

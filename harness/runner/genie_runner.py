@@ -82,7 +82,8 @@ try:  # imported as harness.runner.genie_runner on the host
 except ImportError:  # run as a script from the device's bin/, beside device_runner.py
     import device_runner
 
-RUNNER_VERSION = "2"  # 2: the RSS at the round barriers sampled after the allocator releases its free pages
+RUNNER_VERSION = "3"  # 2: the RSS at the round barriers sampled after the allocator releases its free pages;
+                      # 3: dialog --budget_s (the prompts left are reported)
 RESULT_FILE = "result.json"
 RunnerFailure = device_runner.RunnerFailure
 REEXEC_ENV = "GENIE_RUNNER_REEXEC"
@@ -560,6 +561,9 @@ def run_dialog(args, report):
             check_fits(ids, prompts, dims["context_length"], args.max_new, args.prompts)
             report["prompts"] = []
             for prompt, pid in zip(prompts, ids if not args.t2t_run else []):
+                longest_s = max((r["query_wall_ms"] / 1e3 for r in report["prompts"]), default=None)
+                if longest_s is not None and out_of_budget(args, longest_s):
+                    break
                 max_new = room(args.max_new, dims["context_length"], pid)
                 row = _outcome_row(prompt, pid, dialog.query(prompt, max_new), dialog)
                 report["prompts"].append(dict(row, max_new=max_new))
@@ -570,6 +574,14 @@ def run_dialog(args, report):
         report["genie_log"] = list(genie.log_lines)
     if args.t2t_run:
         run_t2t(args, config, folder, prompts, ids, report)
+    report["remaining"] = {"prompts": len(prompts) - len(report["prompts"])}
+
+
+def out_of_budget(args, item_s):
+    """True when one more item as long as item_s (twice it, for safety) would likely end past --budget_s
+    seconds from the runner's start (never without --budget_s)."""
+    budget = getattr(args, "budget_s", None)
+    return budget is not None and time.perf_counter() - args.started + 2.0 * item_s > budget
 
 
 # --- genie-t2t-run ----------------------------------------------------------------------------------------
@@ -602,8 +614,10 @@ def run_t2t(args, config, folder, prompts, ids, report):
     if lib_dir:
         env["LD_LIBRARY_PATH"] = os.pathsep.join([lib_dir] + [p for p in env.get("LD_LIBRARY_PATH", "").split(
             os.pathsep) if p])
-    report["prompts"], init_ms = [], []
+    report["prompts"], init_ms, walls = [], [], []
     for k, (prompt, pid) in enumerate(zip(prompts, ids)):
+        if walls and out_of_budget(args, max(walls)):
+            break
         if not isinstance(prompt, str):
             raise RunnerFailure("--t2t_run takes text prompts; prompt %d is a token-id list" % k)
         prompt_file, profile_file = os.path.join(work, "prompt_%d.txt" % k), os.path.join(work, "profile_%d.json" % k)
@@ -624,6 +638,7 @@ def run_t2t(args, config, folder, prompts, ids, report):
         except subprocess.TimeoutExpired:
             raise RunnerFailure("genie-t2t-run timed out after %.0f s on prompt %d" % (T2T_TIMEOUT_S, k), 3) from None
         wall_s = time.perf_counter() - t
+        walls.append(wall_s)
         stdout, stderr = proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace")
         if proc.returncode != 0:
             raise RunnerFailure("genie-t2t-run exited with %d on prompt %d: %s" % (
@@ -868,6 +883,8 @@ def parse_args(argv):
     d = sub.add_parser("dialog", parents=[common], help="one dialog, each prompt queried after a reset")
     d.add_argument("--max_new", type=int, required=True, help="at most this many generated tokens per prompt")
     d.add_argument("--t2t_run", help="run Qualcomm's genie-t2t-run binary at this path instead of the C API")
+    d.add_argument("--budget_s", type=float, help="stop before a prompt that would likely end past this many "
+                   "seconds from the start, and report how many are left (`remaining`)")
     s = sub.add_parser("stress", parents=[common], help="repeated and concurrent dialogs up to the full context")
     s.add_argument("--rounds", type=int, default=3, help="dialogs in sequence per worker")
     s.add_argument("--concurrent", type=int, default=1, help="workers at once, each with its own dialog")
@@ -900,8 +917,10 @@ def _write_json(path, data):
 def main(argv=None, reexec=False):
     """Run the runner; with reexec (the script's entry point) first re-execute with libGenie's folder on
     LD_LIBRARY_PATH when it is missing."""
+    started = time.perf_counter()
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    args.started = started
     if reexec:
         ensure_library_path(args.lib, argv)
     os.makedirs(args.output_dir, exist_ok=True)
