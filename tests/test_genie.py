@@ -325,6 +325,20 @@ def test_stress_prompts_reach_the_context_through_the_prompt():
         stress_prompts(ids, 128, 32, 128)
 
 
+def test_the_stress_time_limit_is_its_work_at_genie_runtimes_pace():
+    from harness.llm.genie_steps import STRESS_TIME_MARGIN, stress_time_limit_s
+
+    prompts = [[1] * 8, [1] * 52, [1] * 97]
+    # SmolLM2 on the HTP simulator (genie_runtime, 2026-12-07): about 2.5 prompt tokens/s, 0.15 tokens/s at worst
+    pace = {"prompt_tokens_per_s": 2.5, "tokens_per_s_min": 0.15, "init_time_ms": 20000.0}
+    round_s = 157 / 2.5 + (8 + 8 + 31) / 0.15  # the longest prompt generates to the context's end
+    limit = stress_time_limit_s(pace, prompts, 8, 128, rounds=2, concurrent=2, floor_s=900.0)
+    assert limit == pytest.approx(STRESS_TIME_MARGIN * 2 * (2 * round_s + 20.0))  # about 75 minutes, not 40
+    fast = {"prompt_tokens_per_s": 5000.0, "tokens_per_s_min": 800.0}  # a phone: the floor holds
+    assert stress_time_limit_s(fast, prompts, 8, 128, 2, 2, 900.0) == 900.0
+    assert stress_time_limit_s({}, prompts, 8, 128, 2, 2, 900.0) == 900.0  # no pace measured: the floor
+
+
 def test_stress_generates_the_new_tokens_and_the_longest_prompt_fills_the_context(bundle, device_bin, tokenizer,
                                                                                   tmp_path):
     ids = np.asarray(tokenizer.encode(" ".join(TEXT_PROMPTS)).ids)

@@ -70,6 +70,7 @@ def test_tiny_gpt_through_the_llm_suites_on_the_htp_simulator_and_genie(run_suit
     assert (genie["prompts"], genie["prompts_given"]) == (4, 16)
     stress = steps["genie_stress"]["kpis"]
     assert stress["errors"] == 0 and stress["queries"] == 2 * 2 * 3 and stress["rss_growth_mb"] is not None
+    assert stress["time_limit_s"] >= 900 and genie["dialog_commands"] == 1  # tiny_gpt's dialog fits one command
     # the prompts reach the context (the longest as long as Genie takes: 128 - AR 32 + 1), each query generating 8
     # tokens but the longest, which generates to the context's end (31)
     assert stress["prompt_tokens"] == [8, 52, 97] and stress["new_tokens"] == 8 and stress["context_length"] == 128

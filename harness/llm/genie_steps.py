@@ -169,21 +169,40 @@ def stress_prompts(ids: np.ndarray, context_length: int, prefill_ar: int, new_to
     return [[int(t) for t in stream[a:b]] for a, b in zip(bounds[:-1], bounds[1:])]
 
 
+STRESS_TIME_MARGIN = 3.0  # the stress command's time limit: this many times its work at genie_runtime's pace
+
+
+def stress_time_limit_s(pace: dict, prompts: list[list[int]], new_tokens: int, context_length: int, rounds: int,
+                        concurrent: int, floor_s: float) -> float:
+    """Return the stress command's time limit: STRESS_TIME_MARGIN times its work at the pace genie_runtime
+    measured on this device (its slowest prompt and token rates, its init time), the workers taking turns on
+    one NPU, and never under floor_s (the runner's command time limit); floor_s when the pace is unknown."""
+    prompt_rate, token_rate = pace.get("prompt_tokens_per_s"), pace.get("tokens_per_s_min")
+    if not prompt_rate or not token_rate:
+        return floor_s
+    longest = max(map(len, prompts))
+    generated = [context_length - len(p) if len(p) == longest else new_tokens for p in prompts]
+    round_s = sum(len(p) / prompt_rate + g / token_rate for p, g in zip(prompts, generated))
+    init_s = (pace.get("init_time_ms") or 0.0) / 1e3
+    return max(floor_s, STRESS_TIME_MARGIN * concurrent * (rounds * round_s + init_s))
+
+
 def genie_stress(runner: DeviceRunner, device: GenieDevice, prompts: list[list[int]], new_tokens: int, rounds: int,
-                 concurrent: int, thresholds: Thresholds, out_dir: Path) -> StepReport:
+                 concurrent: int, thresholds: Thresholds, out_dir: Path, pace: dict | None = None) -> StepReport:
     """Return the Genie stress report: `concurrent` workers each running `rounds` dialogs over prompts of
     increasing length (stress_prompts), each query generating new_tokens but the longest, which the runner lets
     generate to the context's end; errors, memory growth, token rate over time, and how far the queries reached
-    into the context."""
+    into the context. pace: genie_runtime's KPIs, which set the command's time limit (stress_time_limit_s)."""
     if device.flags:  # genie-t2t-run is one process per prompt: stress the C API driver it shares the config with
         device = GenieDevice(device.config, ())
     out_dir.mkdir(parents=True, exist_ok=True)
+    limit_s = stress_time_limit_s(pace or {}, prompts, new_tokens, (pace or {}).get("context_length") or 0, rounds,
+                                  concurrent, runner.timeout_s)
     result = runner.run_tool(GENIE_RUNNER, ["stress", "--config", device.config, "--prompts",
                                             _prompts_file(runner, prompts), "--rounds", str(rounds),
                                             "--concurrent", str(concurrent),  # workers as processes (the default)
                                             "--max_new", str(new_tokens)],
-                             keep_dir=out_dir / "genie_stress", raise_on_error=False,
-                             timeout_s=max(runner.timeout_s, 600.0 * rounds * concurrent))
+                             keep_dir=out_dir / "genie_stress", raise_on_error=False, timeout_s=limit_s)
     queries = result.get("queries") or []
     rates = [q["tokens_per_s"] for q in queries if q.get("tokens_per_s")]
     by_round = {}
@@ -197,6 +216,7 @@ def genie_stress(runner: DeviceRunner, device: GenieDevice, prompts: list[list[i
     report = StepReport("genie_stress")
     report.kpis = {
         "rounds": rounds, "concurrent": concurrent, "mode": result.get("mode"), "queries": len(queries),
+        "time_limit_s": round(limit_s, 1),
         "dialogs": result.get("dialogs"), "errors": result.get("errors", 0 if queries else None),
         "error_names": result.get("error_names") or {},
         "context_length": context, "new_tokens": new_tokens,

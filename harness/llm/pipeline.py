@@ -310,7 +310,8 @@ class LlmOnboarding(PipelineBase):
         prompts = genie_steps.stress_prompts(self.llm_eval_ids(), pair.context_length, pair.prefill_ar, new_tokens)
         return genie_steps.genie_stress(self.runner, device, prompts, new_tokens,
                                         options.genie_stress_rounds, options.genie_stress_concurrent,
-                                        self.target.model.thresholds, self._run_dir("genie_stress"))
+                                        self.target.model.thresholds, self._run_dir("genie_stress"),
+                                        pace={**self.genie_runtime().kpis, "context_length": pair.context_length})
 
     @memoized
     def llm_prompts(self) -> list[text.TokenizedPrompt]:
