@@ -193,13 +193,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         elif report.failed:
             message = str(getattr(report.longrepr, "reprcrash", None) and report.longrepr.reprcrash.message
                           or report.longreprtext.splitlines()[-1:] or "")
-            if verdict is not None and verdict.status == "error":  # the bench stopped it, not the model
-                state = "error"
-                flag_allure_result(item.config, state, message, [])
         elif verdict is not None:
             state = "inconclusive" if verdict.status == "inconclusive" else state
             message, marginal = verdict.message, verdict.marginal
             flag_allure_result(item.config, state, message, marginal)
+        if state == "error":  # the test bench stopped it (_bench_stopped_step, a lost device): Allure's `broken`
+            flag_allure_result(item.config, state, message, [])
         record = StepRecord(target.device.id, target.soc.id, target.model.name, marker.args[0], state,
                             item.stash.get(_KPIS_KEY, {}), re.sub(r"^(Failed|Skipped): ", "", message), tuple(marginal))
         if verdict is not None:  # what check() decided goes to Allure and --junitxml from the record (telemetry too)
@@ -227,7 +226,7 @@ def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config): 
 
 @dataclass(frozen=True)
 class _StepVerdict:
-    """What the check fixture decided: the status (error, failed, inconclusive, marginal, passed), why (the
+    """What the check fixture decided: the status (failed, inconclusive, marginal, passed), why (the
     message), the marginal passes and the step report (None when the step raised)."""
 
     status: str
@@ -375,6 +374,27 @@ def _harness_labels(request: pytest.FixtureRequest) -> None:
         label_target(t.device.id, t.soc.id, t.soc.name, t.model.name)
 
 
+@pytest.fixture(autouse=True)
+def _bench_stopped_step(request: pytest.FixtureRequest) -> None:
+    """Error a step test in its setup, as pytest errors a broken fixture, when the test bench stopped its step
+    (a device command past its time limit, a lost device: Outcome.infrastructure): it is an `error` in pytest's
+    summary and JUnit's, not a failure of the model. Function-scoped, so the step has been computed."""
+    marker = request.node.get_closest_marker("step")
+    if marker is None or marker.args[0] not in request.fixturenames:
+        return
+    outcome = request.getfixturevalue(marker.args[0])
+    if not isinstance(outcome, Outcome) or not outcome.infrastructure:
+        return
+    hs = request.config.stash.get(SESSION_KEY, None)
+    callspec = getattr(request.node, "callspec", None)
+    if hs is not None and callspec is not None and "target" in callspec.params:
+        device_id = callspec.params["target"].device.id
+        if hs.pool.failure(device_id) is not None:  # a device taken out: _device_in_session errors or skips the test
+            return
+        hs.pool.note_step(device_id, outcome.error)
+    pytest.fail(summarize(outcome.step, [outcome.error]), pytrace=False)
+
+
 @pytest.fixture
 def check(request: pytest.FixtureRequest):
     """check(outcome) -> StepReport: keep the KPIs and the verdict for the step's record (its Allure result and
@@ -389,8 +409,7 @@ def check(request: pytest.FixtureRequest):
             hs.pool.note_step(callspec.params["target"].device.id, outcome.error if outcome.transport_error else None)
         if outcome.error is not None:
             message = summarize(outcome.step, [outcome.error])
-            request.node.stash[_VERDICT_KEY] = _StepVerdict("error" if outcome.infrastructure else "failed",
-                                                            message, [])
+            request.node.stash[_VERDICT_KEY] = _StepVerdict("failed", message, [])
             pytest.fail(message, pytrace=False)
         report = outcome.value
         request.node.stash[_KPIS_KEY] = dict(report.kpis)  # a copy: telemetry's KPIs join it
