@@ -142,3 +142,23 @@ def test_greedy_agreement_asks_for_the_second_half_of_the_prompts_only_when_the_
     # too few prompts for two looks (tiny_gpt's 16): one look at all of them
     _, asked = _staged([8] * 16)
     assert asked == [(0, 16)]
+
+
+def test_the_host_htp_perplexity_gap_is_judged_on_its_interval_over_the_windows():
+    """Qwen2.5-0.5B's w8a16 on the HTP simulator (2026-12-07): perplexity 52.18 against the host QDQ run's 49.62
+    over 48 windows, a gap of 0.0515 against the 0.05 limit. Judged on the point it failed; over the windows it
+    cannot tell, so it is inconclusive, and a gap the windows do show stays a failure."""
+    from harness.kpi import INTERVALS_KEY, Limit, check_all
+    from harness.llm.steps import perplexity_intervals
+
+    rng = np.random.default_rng(1)
+    host = [{"nll": float(n), "count": 31} for n in rng.uniform(90.0, 150.0, 48)]
+    noisy = [{"nll": w["nll"] * 1.0163 + float(rng.normal(0.0, 3.0)), "count": 31} for w in host]  # e^(0.0163*3.9)
+    limit = Limit("host_htp_perplexity_gap", maximum=0.05)
+    for htp, expected in ((noisy, "inconclusive"), ([{"nll": w["nll"] * 1.05, "count": 31} for w in host], "failed")):
+        intervals = perplexity_intervals({"windows": host}, {"windows": htp}, {"windows": host})
+        gap = abs(np.exp((sum(w["nll"] for w in htp) - sum(w["nll"] for w in host)) / (31 * 48)) - 1)
+        interval = intervals["host_htp_perplexity_gap"]
+        assert interval["samples"] == 48 and interval["low"] <= gap <= interval["high"]
+        [verdict] = check_all({"host_htp_perplexity_gap": gap, INTERVALS_KEY: intervals}, [limit])
+        assert verdict.state == expected, (gap, interval)

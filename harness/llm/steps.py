@@ -231,7 +231,7 @@ def llm_accuracy(judge: FloatJudge, reference: list[list[int]], quantized: dict[
         "source": latency_source("htp", runner.device_platform()[0]),
     }
     report.kpis[INTERVALS_KEY] = {"greedy_agreement": agreement_interval(agreement).as_dict(),
-                                  **perplexity_intervals(float_nll, nlls[shipped])}
+                                  **perplexity_intervals(float_nll, nlls[shipped], host[shipped])}
     report.limits = [Limit("perplexity_increase", maximum=thresholds.max_perplexity_increase),
                      Limit("host_htp_perplexity_gap", maximum=thresholds.max_host_htp_perplexity_gap),
                      Limit("greedy_agreement", minimum=thresholds.min_greedy_agreement, marginal=0.0)]
@@ -256,17 +256,31 @@ def llm_accuracy(judge: FloatJudge, reference: list[list[int]], quantized: dict[
     return report
 
 
-def perplexity_intervals(floating: dict, quantized: dict) -> dict[str, dict]:
-    """Return the 95 % intervals of perplexity_htp and perplexity_increase: a paired bootstrap over the held-out
-    windows (each window's summed NLL and token count, float and quantized resampled together), as
-    Interval.as_dict(); {} when either run has no per-window figures."""
-    pairs = list(zip(floating.get("windows") or [], quantized.get("windows") or []))
-    if not pairs or len(pairs) != len(quantized["windows"]):
+def _paired_window_sums(first: dict, second: dict) -> np.ndarray | None:
+    """Return [N, 4] rows (first's summed NLL and token count, then second's) of two runs over the same held-out
+    windows, or None when either has no per-window figures."""
+    pairs = list(zip(first.get("windows") or [], second.get("windows") or []))
+    if not pairs or len(pairs) != len(second["windows"]):
+        return None
+    return np.array([[f["nll"], f["count"], q["nll"], q["count"]] for f, q in pairs], dtype=np.float64)
+
+
+def perplexity_intervals(floating: dict, quantized: dict, host_qdq: dict | None = None) -> dict[str, dict]:
+    """Return the 95 % intervals of perplexity_htp and perplexity_increase (and with host_qdq, the host's QDQ run
+    of the same graph, of host_htp_perplexity_gap): a paired bootstrap over the held-out windows (each window's
+    summed NLL and token count, both runs resampled together), as Interval.as_dict(); {} when a run has no
+    per-window figures."""
+    sums = _paired_window_sums(floating, quantized)
+    if sums is None:
         return {}
-    sums = np.array([[f["nll"], f["count"], q["nll"], q["count"]] for f, q in pairs], dtype=np.float64)
-    return {"perplexity_htp": bootstrap_of_sums(sums, lambda t: float(np.exp(t[2] / t[3]))).as_dict(),
-            "perplexity_increase": bootstrap_of_sums(
-                sums, lambda t: float(np.exp(t[2] / t[3] - t[0] / t[1]) - 1.0)).as_dict()}
+    out = {"perplexity_htp": bootstrap_of_sums(sums, lambda t: float(np.exp(t[2] / t[3]))).as_dict(),
+           "perplexity_increase": bootstrap_of_sums(
+               sums, lambda t: float(np.exp(t[2] / t[3] - t[0] / t[1]) - 1.0)).as_dict()}
+    gap = _paired_window_sums(host_qdq, quantized) if host_qdq is not None else None
+    if gap is not None:  # |HTP / host QDQ perplexity - 1|: what one window more or less moves, not a point
+        out["host_htp_perplexity_gap"] = bootstrap_of_sums(
+            gap, lambda t: float(abs(np.exp(t[2] / t[3] - t[0] / t[1]) - 1.0))).as_dict()
+    return out
 
 
 def llm_context_binary(binaries: dict[str, ContextBinary], soc_id: str) -> StepReport:
