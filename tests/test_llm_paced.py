@@ -33,8 +33,8 @@ def test_an_nll_past_its_budget_goes_on_in_further_commands_with_the_same_result
     whole = device_nll(*args)
     paced = device_nll(*args, budget_s=0.001)  # every item past the budget: one per command, the first always runs
     assert whole["commands"] == 1 and whole["remaining"] == {"windows": 0, "sequences": 0}
-    # windows 1 and 2 alone, window 3 with the first sequence (the windows were done), the second sequence
-    assert paced["commands"] == 4 and paced["remaining"] == {"windows": 0, "sequences": 0}
+    # one item per command: the 3 windows, then the 2 sequences (none after a window: the budget is spent)
+    assert paced["commands"] == 5 and paced["remaining"] == {"windows": 0, "sequences": 0}
     assert [w["nll"] for w in paced["windows"]] == pytest.approx([w["nll"] for w in whole["windows"]], rel=1e-6)
     assert paced["token_count"] == whole["token_count"] == 3 * 31
     assert paced["perplexity"] == pytest.approx(whole["perplexity"], rel=1e-6)

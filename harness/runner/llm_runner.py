@@ -424,9 +424,9 @@ def run_nll(np, ort, args, npu, report, started=None):
     report["perplexity"] = math.exp(total / count) if count else None
     sequences = _load_sequences(args.sequences, vocab, loop.context) if args.sequences else []
     left = len(windows) - len(rows)
-    if sequences:
-        report["forced"] = loop.forced_top1(sequences, out_of_time) if not left else {"shared_tokens": 0,
-                                                                                      "sequences": []}
+    if sequences:  # after windows, only when the budget has room for one more item as long as the longest
+        full = left or (rows and out_of_time(max(r["s"] for r in rows)))
+        report["forced"] = {"shared_tokens": 0, "sequences": []} if full else loop.forced_top1(sequences, out_of_time)
     report["remaining"] = {"windows": left, "sequences": len(sequences) - len((report.get("forced") or
                                                                                 {}).get("sequences", []))}
 
