@@ -6,6 +6,7 @@ import hashlib
 import json
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -49,19 +50,30 @@ def device_nll(runner: DeviceRunner, prefill: Path, windows: np.ndarray, runtime
     (about 26 s per window) takes several, a phone one, and the time limit stays a hang detector."""
     budget = runner.timeout_s * BUDGET_OF_TIMEOUT if budget_s is None else budget_s
     forced = list(forced or [])
-    merged: dict | None = None
-    done_w = done_f = 0
-    while merged is None or done_w < len(windows) or done_f < len(forced):
-        part = _nll_command(runner, prefill, windows[done_w:], runtime, forced[done_f:], decode, budget)
-        got_w, got_f = len(part["windows"]), len((part.get("forced") or {}).get("sequences", []))
-        if merged is not None and not (got_w or got_f):
-            raise RunnerError(f"llm_runner nll on {Path(prefill).name} made no progress in a command "
-                              f"({len(windows) - done_w} windows and {len(forced) - done_f} sequences left)",
+
+    def rest(so_far: dict | None) -> dict:
+        w = len(so_far["windows"]) if so_far else 0
+        f = len((so_far or {}).get("forced", {}).get("sequences", []))
+        return _nll_command(runner, prefill, windows[w:], runtime, forced[f:], decode, budget)
+
+    return run_paced(rest, lambda r: len(r["windows"]) + len(r.get("forced", {}).get("sequences", [])),
+                     len(windows) + len(forced), _merge_nll, f"llm_runner nll on {Path(prefill).name}", runner)
+
+
+def run_paced(rest: Callable[[dict | None], dict], done: Callable[[dict], int], total: int,
+              join: Callable[[dict, dict], dict], what: str, runner: DeviceRunner) -> dict:
+    """Return the joined result of paced commands (a runner's --budget_s): rest(the result so far, None at
+    first) runs one command over what is left, join appends its result, until done(result) reaches total;
+    `commands` says how many ran. Raises RunnerError when a command adds nothing."""
+    result, commands = rest(None), 1
+    while done(result) < total:
+        before = done(result)
+        result, commands = join(result, rest(result)), commands + 1
+        if done(result) == before:
+            raise RunnerError(f"{what} made no progress in a command ({total - before} of {total} items left)",
                               device=runner.transport.device_id)
-        merged = part if merged is None else _merge_nll(merged, part)
-        done_w, done_f = done_w + got_w, done_f + got_f
-    merged["commands"] = merged.get("commands", 1)
-    return merged
+    result["commands"] = commands
+    return result
 
 
 def _nll_command(runner: DeviceRunner, prefill: Path, windows: np.ndarray, runtime: str,
@@ -86,8 +98,7 @@ def _merge_nll(merged: dict, part: dict) -> dict:
     """Return merged with a later command's windows and sequences appended (totals and perplexity redone)."""
     import math
 
-    out = dict(merged, windows=merged["windows"] + part["windows"], commands=merged.get("commands", 1) + 1,
-               remaining=part.get("remaining"))
+    out = dict(merged, windows=merged["windows"] + part["windows"], remaining=part.get("remaining"))
     out["nll_sum"] = merged["nll_sum"] + part["nll_sum"]
     out["token_count"] = merged["token_count"] + part["token_count"]
     out["perplexity"] = math.exp(out["nll_sum"] / out["token_count"]) if out["token_count"] else None

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.errors import ConfigError, RunnerError
+from harness.errors import ConfigError
 from harness.reporting import charts
 from harness.kpi import Limit
-from harness.llm.device import BUDGET_OF_TIMEOUT, FloatJudge, _push_data
+from harness.llm.device import BUDGET_OF_TIMEOUT, FloatJudge, _push_data, run_paced
 from harness.llm.steps import agreement_kpis
 from harness.llm.text import TokenizedPrompt
 from harness.models import Thresholds
@@ -66,21 +66,17 @@ def paced_dialog(runner: DeviceRunner, device: GenieDevice, given: list[list[int
     BUDGET_OF_TIMEOUT of the runner's time limit, stops before a prompt likely to pass it, and the rest go in
     further commands (a new dialog each; `commands` says how many; init figures are the first's)."""
     budget = runner.timeout_s * BUDGET_OF_TIMEOUT
-    result: dict | None = None
-    while result is None or len(result["prompts"]) < len(given):
-        done = 0 if result is None else len(result["prompts"])
-        part = runner.run_tool(GENIE_RUNNER, ["dialog", "--config", device.config, "--prompts",
+
+    def rest(so_far: dict | None) -> dict:
+        done = len(so_far["prompts"]) if so_far else 0
+        return runner.run_tool(GENIE_RUNNER, ["dialog", "--config", device.config, "--prompts",
                                               _prompts_file(runner, given[done:]), "--max_new", str(max_new),
                                               "--budget_s", f"{budget:.3f}", *device.flags],
-                               keep_dir=out_dir / ("genie_dialog" if result is None else f"genie_dialog_{done}"))
-        if result is not None and not part["prompts"]:
-            raise RunnerError(f"genie_runner dialog made no progress in a command ({len(given) - done} prompts "
-                              "left)", device=runner.transport.device_id)
-        result = part if result is None else dict(result, prompts=result["prompts"] + part["prompts"],
-                                                  commands=result.get("commands", 1) + 1,
-                                                  remaining=part.get("remaining"))
-    result["commands"] = result.get("commands", 1)
-    return result
+                               keep_dir=out_dir / ("genie_dialog" if not done else f"genie_dialog_{done}"))
+
+    return run_paced(rest, lambda r: len(r["prompts"]), len(given),
+                     lambda a, b: dict(a, prompts=a["prompts"] + b["prompts"], remaining=b.get("remaining")),
+                     "genie_runner dialog", runner)
 
 
 def genie_runtime(runner: DeviceRunner, device: GenieDevice, prompts: list[TokenizedPrompt], max_new: int,
