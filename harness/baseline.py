@@ -5,7 +5,7 @@ A baseline file is ``DIR/<device>/<model>.json`` (``--save-baseline DIR`` writes
 the end of a run)::
 
     {"format": 2, "device": ..., "soc": ..., "model": ..., "model_sha256": ..., "harness_version": ...,
-     "saved_at": ..., "toolchain": {"onnxruntime": ..., "onnxruntime_qnn": ..., "qnn_sdk": ..., ...},
+     "saved_at": ..., "toolchain": {"onnxruntime": ..., "onnxruntime-qnn": ..., "qnn-sdk": ..., ...},
      "steps": {step: {"outcome": ..., "kpis": {...}}}}
 
 ``toolchain`` (optional: older files have none) is what the run that saved it ran on; a later run on

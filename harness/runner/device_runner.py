@@ -174,6 +174,13 @@ def proc_status_mb(field):
         return None
 
 
+def past_budget(started, budget_s, item_s):
+    """True when one more item as long as item_s (twice it, for safety) would likely end past budget_s seconds
+    from started (a time.perf_counter()); never without a budget. The paced commands of llm_runner and
+    genie_runner (--budget_s) stop there and report what is left."""
+    return budget_s is not None and time.perf_counter() - started + 2.0 * item_s > budget_s
+
+
 def peak_rss_mb():
     """Return this process's peak resident set size in MiB (Linux: VmHWM, which, unlike getrusage's maxrss,
     does not carry over the parent's peak across fork/exec), or None where neither can be read."""

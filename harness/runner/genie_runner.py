@@ -578,10 +578,8 @@ def run_dialog(args, report):
 
 
 def out_of_budget(args, item_s):
-    """True when one more item as long as item_s (twice it, for safety) would likely end past --budget_s
-    seconds from the runner's start (never without --budget_s)."""
-    budget = getattr(args, "budget_s", None)
-    return budget is not None and time.perf_counter() - args.started + 2.0 * item_s > budget
+    """True when one more prompt as long as item_s would likely end past --budget_s (device_runner.past_budget)."""
+    return device_runner.past_budget(args.started, getattr(args, "budget_s", None), item_s)
 
 
 # --- genie-t2t-run ----------------------------------------------------------------------------------------
