@@ -311,7 +311,7 @@ class LlmOnboarding(PipelineBase):
         return genie_steps.genie_stress(self.runner, device, prompts, new_tokens,
                                         options.genie_stress_rounds, options.genie_stress_concurrent,
                                         self.target.model.thresholds, self._run_dir("genie_stress"),
-                                        pace={**self.genie_runtime().kpis, "context_length": pair.context_length})
+                                        pace=self.genie_runtime().kpis)
 
     @memoized
     def llm_prompts(self) -> list[text.TokenizedPrompt]:

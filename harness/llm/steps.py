@@ -273,13 +273,14 @@ def perplexity_intervals(floating: dict, quantized: dict, host_qdq: dict | None 
     sums = _paired_window_sums(floating, quantized)
     if sums is None:
         return {}
+    def increase(t: np.ndarray) -> float:  # the second run's perplexity over the first's, minus 1
+        return float(np.exp(t[2] / t[3] - t[0] / t[1]) - 1.0)
+
     out = {"perplexity_htp": bootstrap_of_sums(sums, lambda t: float(np.exp(t[2] / t[3]))).as_dict(),
-           "perplexity_increase": bootstrap_of_sums(
-               sums, lambda t: float(np.exp(t[2] / t[3] - t[0] / t[1]) - 1.0)).as_dict()}
+           "perplexity_increase": bootstrap_of_sums(sums, increase).as_dict()}
     gap = _paired_window_sums(host_qdq, quantized) if host_qdq is not None else None
     if gap is not None:  # |HTP / host QDQ perplexity - 1|: what one window more or less moves, not a point
-        out["host_htp_perplexity_gap"] = bootstrap_of_sums(
-            gap, lambda t: float(abs(np.exp(t[2] / t[3] - t[0] / t[1]) - 1.0))).as_dict()
+        out["host_htp_perplexity_gap"] = bootstrap_of_sums(gap, lambda t: abs(increase(t))).as_dict()
     return out
 
 
