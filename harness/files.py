@@ -49,6 +49,15 @@ def copy_atomically(src: Path, dst: Path) -> Path:
     return dst
 
 
+def link_or_copy(src: str | Path, dst: str | Path) -> None:
+    """Hard-link src to dst (one copy on disk: for files never changed in place, such as cache artifacts),
+    copying it when linking is not possible (another file system)."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
 def write_text_atomically(path: Path, text: str) -> Path:
     """Write UTF-8 text to path atomically; return path."""
     return write_atomically(path, text.encode("utf-8"))

@@ -100,3 +100,18 @@ def tiny_gpt_bundle(cache: ArtifactCache) -> Path:
     from harness.models import resolve_model
 
     return llm_files(resolve_model("tiny_gpt", {}, None), cache).tokenizer.parent
+
+
+@pytest.fixture(scope="session")
+def smollm2_import(cache: ArtifactCache):
+    """Return the corpus SmolLM2-135M-Instruct imported from its spec (LlmFiles: the Genie-convention pair, the
+    tokenizer, the chat prompts), built once per session in the session cache: the entry the LLM suites on it use
+    too, so its 1.2 GB of float32 graphs are on disk once. Skips when the corpus is not fetched."""
+    from real_models_helpers import real_model_spec
+
+    from harness.llm.importer import import_files
+    from harness.model_sources import llm_files
+    from harness.models import resolve_model
+
+    spec = resolve_model(str(real_model_spec("smollm2_135m")), {}, None)
+    return import_files(llm_files(spec, cache), cache)

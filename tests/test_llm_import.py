@@ -444,14 +444,12 @@ def test_an_unsupported_hf_model_type_and_a_missing_key_are_named(tmp_path):
 
 @pytest.mark.real_models
 @pytest.mark.timeout(1200)
-def test_the_published_smollm2_gguf_imports_and_agrees_with_transformers(tmp_path):
-    from real_models_helpers import real_llm_checkpoint
-
+def test_the_published_smollm2_gguf_imports_and_agrees_with_transformers(tmp_path, smollm2_import):
     from harness.cache import ArtifactCache
     from harness.llm import reference
     from harness.llm.device import FloatJudge
 
-    path = real_llm_checkpoint("smollm2_135m")
+    path = smollm2_import.checkpoint
     checkpoint = read_checkpoint(path)
     cfg = checkpoint.config
     assert (cfg.architecture, cfg.layers, cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.vocab) == \
@@ -461,17 +459,14 @@ def test_the_published_smollm2_gguf_imports_and_agrees_with_transformers(tmp_pat
     from tokenizers import Tokenizer
 
     theirs = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    ours = Tokenizer.from_str(checkpoint.tokenizer_json)
+    ours = Tokenizer.from_file(str(smollm2_import.tokenizer))
     for text in ("The year 2024 had 366 days.", "<|im_start|>user\nHi there!<|im_end|>\n", "def f(x):\n\treturn x**2"):
         assert ours.encode(text).ids == theirs(text).input_ids, text
-    out = tmp_path / "import"
-    out.mkdir()
-    write_import(checkpoint, out, 128, 32, ())
-    info = convention.check_pair(out / "prefill.onnx", out / "decode.onnx")
+    info = convention.check_pair(smollm2_import.prefill, smollm2_import.decode)
     assert (info.layers, info.heads, info.head_dim, info.context_length, info.prefill_ar) == (30, 3, 64, 128, 32)
-    prompts = [ours.encode(p).ids for p in json.loads((out / "prompts.json").read_text())[:2]]
+    prompts = [ours.encode(p).ids for p in smollm2_import.prompts[:2]]
     assert all(33 < len(p) < 64 for p in prompts)  # the chat template's system prompt: prefill chunks, then decode
-    loop = FloatJudge(out / "prefill.onnx", out / "decode.onnx", 0.0).loop
+    loop = FloatJudge(smollm2_import.prefill, smollm2_import.decode, 0.0).loop
     logits = []
     for ids in prompts:
         loop.reset()

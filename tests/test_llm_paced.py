@@ -5,33 +5,32 @@ GGUF of the corpus, on the emulated sm8650's CPU (the pacing is the runner's, wh
 
 from __future__ import annotations
 
-import json
+import posixpath
 
 import numpy as np
 import pytest
 
 from harness.llm.device import device_nll
-from harness.llm.importer import read_checkpoint, write_import
+from harness.runner.base import remote_model_path
 
 
 @pytest.mark.timeout(900)
-def test_an_nll_past_its_budget_goes_on_in_further_commands_with_the_same_result(tmp_path, sm8650_runner):
-    from real_models_helpers import real_llm_checkpoint
+def test_an_nll_past_its_budget_goes_on_in_further_commands_with_the_same_result(smollm2_import, sm8650_runner):
     from tokenizers import Tokenizer
 
-    checkpoint = read_checkpoint(real_llm_checkpoint("smollm2_135m"))
-    out = tmp_path / "import"
-    out.mkdir()
-    write_import(checkpoint, out, 128, 32, ())
-    tokenizer = Tokenizer.from_str(checkpoint.tokenizer_json)
-    text = " ".join(json.loads((out / "prompts.json").read_text())[:6])
+    files = smollm2_import
+    tokenizer = Tokenizer.from_file(str(files.tokenizer))
+    text = " ".join(files.prompts[:6])
     ids = np.asarray(tokenizer.encode(text * 3).ids, dtype=np.int32)
     windows = ids[:3 * 32].reshape(3, 32)
-    forced = [(tokenizer.encode(p).ids + [1, 2, 3], len(tokenizer.encode(p).ids))
-              for p in json.loads((out / "prompts.json").read_text())[:2]]
-    args = (sm8650_runner, out / "prefill.onnx", windows, "cpu", forced, out / "decode.onnx")
-    whole = device_nll(*args)
-    paced = device_nll(*args, budget_s=0.001)  # every item past the budget: one per command, the first always runs
+    forced = [(tokenizer.encode(p).ids + [1, 2, 3], len(tokenizer.encode(p).ids)) for p in files.prompts[:2]]
+    args = (sm8650_runner, files.prefill, windows, "cpu", forced, files.decode)
+    try:
+        whole = device_nll(*args)
+        paced = device_nll(*args, budget_s=0.001)  # every item past the budget: one per command, the first always runs
+    finally:  # the session's emulated device keeps no 1.2 GB of float32 graphs for the tests after this one
+        for graph in (files.prefill, files.decode):
+            sm8650_runner.transport.remove(posixpath.dirname(remote_model_path(graph)))
     assert whole["commands"] == 1 and whole["remaining"] == {"windows": 0, "sequences": 0}
     # one item per command: the 3 windows, then the 2 sequences (none after a window: the budget is spent)
     assert paced["commands"] == 5 and paced["remaining"] == {"windows": 0, "sequences": 0}

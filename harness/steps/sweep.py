@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import tempfile
 import threading
 import time
@@ -29,6 +28,7 @@ import numpy as np
 from harness.cache import ArtifactCache, content_key
 from harness.data import Dataset, Feed, feeds_digest
 from harness.errors import HarnessError, StepError
+from harness.files import link_or_copy
 from harness import stats
 from harness.kpi import check_all
 from harness.models import Thresholds
@@ -288,10 +288,7 @@ def _private_copy(model: Path, cache: ArtifactCache):
     with tempfile.TemporaryDirectory(prefix=".sweep-", dir=cache.root) as tmp:
         for src in Path(model).parent.iterdir():
             if src.is_file() and src.suffix != ".lock":
-                try:
-                    os.link(src, Path(tmp) / src.name)
-                except OSError:
-                    shutil.copyfile(src, Path(tmp) / src.name)
+                link_or_copy(src, Path(tmp) / src.name)
         yield Path(tmp) / Path(model).name
 
 

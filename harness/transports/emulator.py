@@ -30,7 +30,7 @@ from typing import Iterator
 
 from harness.emulator.thermal import EmulatedSensors, ThermalParams
 from harness.errors import DeviceTimeoutError, TransportError
-from harness.files import copy_atomically, sha256_file
+from harness.files import copy_atomically, link_or_copy, sha256_file
 from harness.shutdown import GROUPS, kill_group, pid_alive, run_in_group
 from harness.transports.base import CommandResult, RunnerStream, Transport
 
@@ -147,7 +147,7 @@ class EmulatorTransport(Transport):
             raise TransportError(f"no such file on device: {remote}", device=self.device_id)
         local = Path(local)
         if src.is_dir():
-            shutil.copytree(src, local, dirs_exist_ok=True, copy_function=_link_or_copy)
+            shutil.copytree(src, local, dirs_exist_ok=True, copy_function=link_or_copy)
         else:
             local.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, local)
@@ -228,14 +228,6 @@ class _LocalStream(RunnerStream):
                 with contextlib.suppress(OSError):
                     pipe.close()
         self._ended = True
-
-
-def _link_or_copy(src: str, dst: str) -> None:
-    """Hard-link src to dst (the sandbox is local), copying when linking is not possible."""
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
 
 
 def _alive(pid_text: str) -> bool:
