@@ -74,6 +74,8 @@ class ConcurrencyOptions:
     duration_s: float
     solo_duration_s: float
     mode: str = "threads"
+    rounds: int = 9  # solo and shared phases alternated (harness.steps.concurrency); on 9, one outlying round on
+                     # each side leaves the interval of the median (harness.repeats.median_interval) unmoved
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ are not independent samples of the device's speed.
 
 * ``summary(values)``: the blocks' median, their between-block spread (``noise_pct``: the relative median
   absolute deviation, scaled by 1.4826 to estimate a standard deviation for normal data) and the order-statistic
-  interval of the median ([min, max] of n blocks covers it with confidence 1 - 2 x 0.5^n);
+  interval of the median (median_interval: the k-th smallest to the k-th largest block, the narrowest such pair
+  that covers the median with 95 % confidence; [min, max] on 5 blocks or fewer, with its lower confidence);
 * ``unpaired_p(a, b)``: the two-sided Mann-Whitney U test of two sets of block medians (blocks of two sessions);
 * ``paired(a, b)``: the ratio b/a of interleaved A/B pairs (geometric mean) and a one-sample t-test of the log
   ratios, so drift shared by the two blocks of a pair cancels.
@@ -19,6 +20,8 @@ from typing import Sequence
 import numpy as np
 
 from harness.kpi import Interval
+
+CONFIDENCE = 0.95  # harness.stats.CONFIDENCE (not imported: stats imports scipy's distributions at import)
 
 MAD_SCALE = 1.4826  # MAD x this estimates the standard deviation of normal data
 
@@ -35,16 +38,30 @@ class Repeats:
 
 def summary(values: Sequence[float]) -> Repeats:
     """Return the median of the block values, their relative spread in % (1.4826 x MAD / median) and the
-    distribution-free interval of the median ([min, max], confidence 1 - 2 x 0.5^n). Raises ValueError for none."""
+    distribution-free interval of the median (median_interval). Raises ValueError for none."""
     arr = np.asarray(values, dtype=np.float64)
     if arr.size == 0:
         raise ValueError("no blocks to summarise")
     median = float(np.median(arr))
     mad = float(np.median(np.abs(arr - median)))
     noise = 100.0 * MAD_SCALE * mad / abs(median) if median else 0.0
-    confidence = 1 - 2 * 0.5 ** arr.size if arr.size > 1 else 0.0
-    interval = Interval(float(arr.min()), float(arr.max()), int(arr.size), "repeats", round(confidence, 4))
-    return Repeats(median, round(noise, 3), int(arr.size), interval)
+    return Repeats(median, round(noise, 3), int(arr.size), median_interval(arr))
+
+
+def median_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> Interval:
+    """Return the distribution-free interval of the median of independent values: from the k-th smallest to the
+    k-th largest, with the largest k whose coverage 1 - 2 P(Binomial(n, 1/2) < k) is at least `confidence`
+    (k = 1, [min, max], with its lower coverage 1 - 2 x 0.5^n when n is too small to reach it: n <= 5 at 95 %).
+    So on 9 or more values one outlying value on each side does not move the interval."""
+    from scipy.stats import binom
+
+    arr = np.sort(np.asarray(values, dtype=np.float64))
+    n = int(arr.size)
+    k = 1
+    while k < n / 2 and 1 - 2 * binom.cdf(k, n, 0.5) >= confidence:  # coverage of the (k+1)-th pair
+        k += 1
+    coverage = 1 - 2 * binom.cdf(k - 1, n, 0.5) if n > 1 else 0.0
+    return Interval(float(arr[k - 1]), float(arr[n - k]), n, "repeats", round(float(coverage), 4))
 
 
 def min_unpaired_p(n: int, m: int) -> float:

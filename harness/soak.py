@@ -140,12 +140,16 @@ def host_contention(host: dict, simulator_windows: list[Window] = ()) -> dict[st
             "simulator_window_p50_spread_pct": spread}
 
 
-def contention_notes(contention: dict[str, Any]) -> list[str]:
-    """Return the note for detected host contention (none when there was none)."""
+def contention_notes(contention: dict[str, Any], emulated: bool = True) -> list[str]:
+    """Return the note for detected host contention (none when there was none): on an emulated device the
+    verdicts' figures are the modelled HTP's, elsewhere the simulator's wall time, which follows the host's load."""
     if not contention.get("detected"):
         return []
-    return ["host contention (simulator): " + "; ".join(contention["reasons"]) + " - the emulated figures are the "
-            "modelled HTP's and do not depend on it; the simulator's wall-time figures do"]
+    why = "host contention (simulator): " + "; ".join(contention["reasons"])
+    if emulated:
+        return [why + " - the emulated figures are the modelled HTP's and do not depend on it; the simulator's "
+                "wall-time figures do"]
+    return [why + " - the figures are the simulator's wall time on this host and follow its load, not an HTP's"]
 
 
 def stability_kpis(windows: list[Window], margin: float) -> dict[str, Any]:

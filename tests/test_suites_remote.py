@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness.plugin.llm import LLM_STEPS
+from harness.reporting.summary import EXIT_INCONCLUSIVE
 
 from servers import ADB, SSHD, adb_server, emulated_phone, ssh_server, write_devices_file
 
@@ -33,15 +34,21 @@ def test_every_suite_passes_over_ssh_and_over_adb(pytester, session_cache_dir, t
         ssh_workdir = Path(sshd.device_entry()["workdir"])
         phone_workdir = phone.sandbox / "data/local/tmp/harness"
     outcomes = result.parseoutcomes()
-    assert result.ret == 0 and outcomes.get("passed", 0) >= 8 and "failed" not in outcomes, result.stdout.str()
+    records = json.loads(kpi.read_text())["records"]
+    # The SSH "board" times the simulator's wall time on this host: its concurrency ratio may be undecided on a
+    # loaded host (inconclusive, exit status 7), never failed by it; everything else passes.
+    undecided = [(r["device"], r["step"]) for r in records if r["outcome"] == "inconclusive"]
+    assert set(undecided) <= {("ssh-dev", "concurrency")}, undecided
+    assert result.ret == (EXIT_INCONCLUSIVE if undecided else 0), result.stdout.str()
+    assert outcomes.get("passed", 0) >= 8 and "failed" not in outcomes, result.stdout.str()
     # This x86 host has no socinfo: the SSH device's SoC is trusted with a warning (soc_detect: auto).
     result.stdout.fnmatch_lines(["*SocDetectionWarning: device ssh-dev does not report its SoC*"])
-    records = json.loads(kpi.read_text())["records"]
     steps = {d: {r["step"]: r for r in records if r["device"] == d} for d in ("ssh-dev", "adb-dev")}
     assert set(steps["ssh-dev"]) == set(steps["adb-dev"]) >= {"feasibility", "conversion", "float_baseline", "ptq"}
     # skipped: regression (no --baseline), aimet (PTQ met the KPI) and the LLM path (digits_cnn is not kind llm)
     not_run = {"regression", "aimet", *LLM_STEPS}
-    assert all(r["outcome"] == "passed" if r["step"] not in not_run else r["outcome"] == "skipped" for r in records), \
+    assert all(r["outcome"] == "skipped" if r["step"] in not_run else r["outcome"] == "passed"
+               or (r["device"], r["step"]) in undecided for r in records), \
         [(r["device"], r["step"], r["message"]) for r in records]
     # Both "devices" are this x86-64 host running the HTP simulator: labelled so, not as a phone.
     assert {steps[d]["ptq"]["kpis"]["latency_source"] for d in steps} == {"simulator"}
@@ -58,6 +65,15 @@ def test_every_suite_passes_over_ssh_and_over_adb(pytester, session_cache_dir, t
     assert steps["adb-dev"]["energy"]["kpis"]["power_source"] == "emulated"
     assert steps["adb-dev"]["energy"]["kpis"]["energy_per_inference_mj"] > 0
     assert all(steps[d]["concurrency"]["kpis"]["errors"] == 0 for d in steps)
+    # Step 7's concurrency alternates solo and shared phases in 9 rounds; its ratio is the rounds' median, with
+    # that median's interval: the simulator's wall time on the SSH board (about 2: two sessions share its one
+    # pinned core), the modelled HTP's on the phone (the same in every round)
+    ssh_conc, adb_conc = steps["ssh-dev"]["concurrency"]["kpis"], steps["adb-dev"]["concurrency"]["kpis"]
+    assert ssh_conc["latency_source"] == "simulator" and ssh_conc["rounds"] == 9 == len(ssh_conc["round_degradations"])
+    interval = ssh_conc["intervals"]["latency_degradation"]
+    assert interval["samples"] == 9 and interval["low"] <= ssh_conc["latency_degradation"] <= interval["high"]
+    assert ssh_conc["host_contention"]["source"] == "simulator"
+    assert adb_conc["latency_source"] == "emulated" and len(set(adb_conc["round_degradations"])) == 1
     ssh_ptq = steps["ssh-dev"]["ptq"]["kpis"]["telemetry"]
     assert ssh_ptq["source"] == "measured" and ssh_ptq["samples"] >= 2  # no thermal zones on this host
     attachments = [a for p in alluredir.glob("*-result.json") for a in json.loads(p.read_text()).get("attachments", [])]

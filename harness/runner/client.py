@@ -276,9 +276,10 @@ class DeviceRunner:
                              timeout_s=max(self.timeout_s, min(budget_s, 7 * 86400.0) + 300.0))
 
     def concurrent(self, plans: list[tuple[Path, list[Feed]]], sessions: int, duration_s: float,
-                   solo_duration_s: float, mode: str = "threads") -> RunResult:
+                   solo_duration_s: float, mode: str = "threads", rounds: int = 1) -> RunResult:
         """Run `sessions` sessions at once on the device's HTP, round-robin over plans' (model, feeds), for
-        duration_s, after each model ran alone for solo_duration_s (RunResult.report['concurrency'])."""
+        duration_s in all, and each model alone for solo_duration_s in all, the solo and the shared phases
+        alternating `rounds` times (RunResult.report['concurrency'], with each round's p50s)."""
         self._refuse_without_python("a concurrency run")
         (model, feeds), others = plans[0], plans[1:]
         argv = self._runner_argv(model, "htp", allow_cpu_fallback=False, placement_only=False,
@@ -290,8 +291,8 @@ class DeviceRunner:
                          push_feeds(self.transport, other_feeds, Path(tmp) / str(k))]
         argv += self._emulated_argv([other for other, _ in others])
         argv += ["--sessions", str(sessions), "--concurrent_duration", repr(float(duration_s)),
-                 "--solo_duration", repr(float(solo_duration_s)), "--concurrency_mode", mode]
-        budget_s = duration_s + solo_duration_s * len(plans) + 60.0 * sessions
+                 "--solo_duration", repr(float(solo_duration_s)), "--concurrency_mode", mode, "--rounds", str(rounds)]
+        budget_s = duration_s + solo_duration_s * len(plans) + 60.0 * sessions * (rounds if mode == "processes" else 1)
         return self._execute(model, "htp", argv, feeds, None, timeout_s=max(self.timeout_s, budget_s + 300.0))
 
     def run_tool(self, script: Path, command: list[str], *, timeout_s: float | None = None,

@@ -30,8 +30,9 @@ Soak:    --soak_duration S (or --soak_iterations N) runs the inputs round-robin 
          that long after it (phase "tail": power readings lag the load).
 Concurrency: --sessions N with --concurrent_duration S runs N sessions at once (round-robin over --model and
          every --also MODEL INPUT_LIST), in threads of this process or (--concurrency_mode processes) in
-         copies of this runner, after each model ran alone for --solo_duration S; `concurrency` reports each
-         session's solo and concurrent latency, iterations and errors, and the aggregate throughput.
+         copies of this runner, and each model alone for --solo_duration S; --rounds R alternates the solo
+         and the shared phases R times (each 1/R of its duration); `concurrency` reports each session's solo
+         and concurrent latency, iterations and errors, its p50s per round, and the aggregate throughput.
 Emulated devices: where HARNESS_EMULATED_NPU_DIR is set (only the harness's emulators set it) the runner keeps
          a modelled device time (EmulatedNpu): each inference costs --emulated_latency_ms (the host's model,
          harness.emulator.device_time) times the throttle factor the emulated thermal model writes; during a
@@ -129,7 +130,9 @@ def parse_args(argv):
     p.add_argument("--also", nargs=2, action="append", default=[], metavar=("MODEL", "INPUT_LIST"),
                    help="concurrency: another model (with its input list) whose sessions run beside --model's")
     p.add_argument("--concurrent_duration", type=float, default=0.0, help="concurrency: seconds all sessions run")
-    p.add_argument("--solo_duration", type=float, default=0.0, help="concurrency: seconds each model runs alone first")
+    p.add_argument("--solo_duration", type=float, default=0.0, help="concurrency: seconds each model runs alone")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="concurrency: alternate the solo and the shared phases this many times (each its share)")
     p.add_argument("--concurrency_mode", choices=["threads", "processes"], default="threads")
     p.add_argument("--start_at", type=float, default=0.0, help=argparse.SUPPRESS)  # processes mode: start barrier
     p.add_argument("--emulated_latency_ms", type=float, action="append", default=[],
@@ -661,50 +664,54 @@ CONTEXT_SWITCH_S = 0.00001  # harness.emulator.device_time.CONTEXT_SWITCH_MS
 
 
 def run_concurrency(np, ort, args, npu, report):
-    """Each model alone for --solo_duration, then --sessions sessions at once for --concurrent_duration;
-    return the `concurrency` report entry. On an emulated HTP each session's `solo` and `concurrent` are the
-    modelled figures (the sessions take turns on the one HTP) and `simulator_solo`/`simulator_concurrent` the
-    simulator's."""
+    """Return the `concurrency` report entry: --rounds rounds, each running every model alone for its share of
+    --solo_duration, then --sessions sessions at once for its share of --concurrent_duration, so the solo and the
+    shared phases alternate and a drift of the device's (or the host's) speed reaches both. Each session's
+    `solo` and `concurrent` summarise every round, `rounds` holds each round's p50s. On an emulated HTP they are
+    the modelled figures (the sessions take turns on the one HTP) and `simulator_solo`/`simulator_concurrent`
+    the simulator's."""
     models = [(args.model, args.input_list)] + [tuple(pair) for pair in args.also]
     assign = [models[i % len(models)] for i in range(args.sessions)]
     latencies = emulated_latencies(args, models)
-    solo, solo_sim = {}, {}
+    rounds = max(1, args.rounds)
+    solo_s, shared_s = args.solo_duration / rounds, args.concurrent_duration / rounds
     plans = {}
     for model, input_list in models:
-        session, out_names, feeds = load_plan(np, ort, args, model, input_list, {})
-        if feeds:
-            timed_run(session, out_names, feeds[0], npu)  # warm-up
-        errors = []
-        if npu is not None:
-            npu.begin()
-        t0 = time.perf_counter()
-        times = session_loop(session, out_names, feeds, t0 + args.solo_duration, npu, errors)
-        t1 = time.perf_counter()
-        solo_sim[model] = dict(latency_summary(times, t1 - t0), errors=len(errors))
-        if npu is not None:
-            npu.end()
-            base = latencies[model] if latencies[model] is not None else _mean(times)
-            latencies[model] = base
-            segments = npu.segments(t0, t1, base)
-            solo[model] = dict(weighted_summary(segment_pieces(segments, 0.0, t1 - t0), t1 - t0, base),
-                               errors=len(errors))
+        plans[model] = load_plan(np, ort, args, model, input_list, {})
+        if plans[model][2]:
+            timed_run(plans[model][0], plans[model][1], plans[model][2][0], npu)  # warm-up
+    loaded = _shared_plans(np, ort, args, assign, plans) if args.concurrency_mode == "threads" else None
+    solo = {model: [] for model, _ in models}
+    shared = []  # per round: one phase per session
+    cycle = None
+    for _ in range(rounds):
+        for model, _ in models:
+            solo[model].append(_solo_phase(plans[model], solo_s, npu, latencies[model]))
+            if npu is not None and latencies[model] is None:
+                latencies[model] = _mean(solo[model][0]["times"])
+        if npu is not None and cycle is None:
+            cycle = shared_latency_s([latencies[m] for m, _ in assign])
+        if loaded is not None:
+            shared.append(_threads_round(loaded, shared_s, npu, cycle))
         else:
-            solo[model] = solo_sim[model]
-        plans[model] = (session, out_names, feeds)
-    cycle = shared_latency_s([latencies[m] for m, _ in assign]) if npu is not None else None
-    if args.concurrency_mode == "processes":
-        plans.clear()  # each copy of the runner loads its own session
-        sessions = _concurrent_processes(args, assign, latencies if npu is not None else None, cycle)
-    else:
-        sessions = _concurrent_threads(np, ort, args, assign, plans, npu, cycle)
-    for entry, (model, _) in zip(sessions, assign):
-        entry["model"] = model
-        entry["solo"] = solo[model]
+            shared.append(_processes_round(args, assign, shared_s, latencies if npu is not None else None, cycle))
+    sessions = []
+    for k, (model, _) in enumerate(assign):
+        mine = [phases[k] for phases in shared]
+        entry = {"index": k, "model": model, "solo": _phases_summary(solo[model], npu, latencies[model]),
+                 "concurrent": _phases_summary(mine, npu, cycle), "span_s": sum(p["span"] for p in mine),
+                 "errors": sum(len(p["errors"]) for p in mine),
+                 "first_error": next((p["errors"][0] for p in mine if p["errors"]), None),
+                 "rounds": [_round_entry(a, b, npu, latencies[model], cycle) for a, b in zip(solo[model], mine)]}
+        entry["solo"]["errors"] = sum(len(p["errors"]) for p in solo[model])
         if npu is not None:
-            entry["simulator_solo"] = solo_sim[model]
+            entry["simulator_solo"] = _phases_summary(solo[model], None, None)
+            entry["simulator_concurrent"] = _phases_summary(mine, None, None)
+            entry["simulator_span_s"] = sum(p.get("simulator_span", p["span"]) for p in mine)
+        sessions.append(entry)
     span = max((e["span_s"] for e in sessions), default=0.0)
     total = sum(e["concurrent"]["iterations"] for e in sessions)
-    out = {"mode": args.concurrency_mode, "sessions": sessions, "duration_s": span,
+    out = {"mode": args.concurrency_mode, "sessions": sessions, "duration_s": span, "rounds": rounds,
            "solo_duration_s": args.solo_duration, "aggregate_throughput_ips": total / span if span > 0 else None,
            "errors": sum(e["errors"] for e in sessions), "latency_source": "emulated" if npu is not None else None}
     if npu is not None:
@@ -714,21 +721,61 @@ def run_concurrency(np, ort, args, npu, report):
     return out
 
 
+def _solo_phase(plan, duration_s, npu, base_s):
+    """Run one model alone for duration_s; return the phase (times, errors, span, modelled pieces)."""
+    session, out_names, feeds = plan
+    errors = []
+    if npu is not None:
+        npu.begin()
+    t0 = time.perf_counter()
+    times = session_loop(session, out_names, feeds, t0 + duration_s, npu, errors)
+    t1 = time.perf_counter()
+    phase = {"times": times, "errors": errors, "span": t1 - t0, "pieces": None}
+    if npu is not None:
+        npu.end()
+        base = base_s if base_s is not None else _mean(times)
+        phase["pieces"] = segment_pieces(npu.segments(t0, t1, base), 0.0, t1 - t0)
+    return phase
+
+
+def _phases_summary(phases, npu, base_s):
+    """Return the latency summary of phases taken together: the modelled inferences' on an emulated HTP (npu),
+    else the measured ones'."""
+    span = sum(p["span"] for p in phases)
+    if npu is not None:
+        return weighted_summary([piece for p in phases for piece in p["pieces"]], span, base_s)
+    return latency_summary([t for p in phases for t in p["times"]], span)
+
+
+def _round_entry(solo, shared, npu, base_s, cycle):
+    """Return one round's figures of a session: its solo and shared p50 (and unthrottled modelled ms)."""
+    a, b = _phases_summary([solo], npu, base_s), _phases_summary([shared], npu, cycle)
+    return {"solo_p50_ms": a["p50_ms"], "concurrent_p50_ms": b["p50_ms"], "solo_base_ms": a.get("base_ms"),
+            "concurrent_base_ms": b.get("base_ms"), "solo_iterations": a["iterations"],
+            "concurrent_iterations": b["iterations"]}
+
+
 def _mean(values):
     return sum(values) / len(values) if values else NPU_SYNC_S
 
 
-def _concurrent_threads(np, ort, args, assign, plans, npu, cycle):
-    """Run one session per assignment in its own thread, all starting together."""
+def _shared_plans(np, ort, args, assign, plans):
+    """Return one (session, output names, feeds) per assignment: the first session of each model is its solo
+    session, the others are loaded here."""
     loaded, reused = [], set()
     for model, input_list in assign:
-        if model in plans and model not in reused:  # the first session of each model is its solo session
+        if model in plans and model not in reused:
             reused.add(model)
             loaded.append(plans[model])
         else:
             loaded.append(load_plan(np, ort, args, model, input_list, {}))
-    results = [None] * len(assign)
-    barrier = threading.Barrier(len(assign) + 1)
+    return loaded
+
+
+def _threads_round(loaded, duration_s, npu, cycle):
+    """Run one thread per loaded session, all starting together, for duration_s; return a phase per session."""
+    results = [None] * len(loaded)
+    barrier = threading.Barrier(len(loaded) + 1)
     until = [0.0]
 
     def worker(k):
@@ -737,16 +784,15 @@ def _concurrent_threads(np, ort, args, assign, plans, npu, cycle):
         barrier.wait()
         t0 = time.perf_counter()
         times = session_loop(session, out_names, feeds, until[0], npu, errors)
-        results[k] = {"index": k, "concurrent": latency_summary(times, time.perf_counter() - t0),
-                      "span_s": time.perf_counter() - t0, "errors": len(errors), "first_error": errors[0] if errors else None}
+        results[k] = {"times": times, "errors": errors, "span": time.perf_counter() - t0, "pieces": None}
 
-    threads = [threading.Thread(target=worker, args=(k,), daemon=True) for k in range(len(assign))]
+    threads = [threading.Thread(target=worker, args=(k,), daemon=True) for k in range(len(loaded))]
     for t in threads:
         t.start()
     if npu is not None:
         npu.begin()
     start = time.perf_counter()
-    until[0] = start + args.concurrent_duration
+    until[0] = start + duration_s
     barrier.wait()
     for t in threads:
         t.join()
@@ -754,23 +800,22 @@ def _concurrent_threads(np, ort, args, assign, plans, npu, cycle):
     if npu is not None:
         npu.end()
         pieces = segment_pieces(npu.segments(start, end, cycle), 0.0, end - start)
-        for entry in results:  # round-robin on one HTP: every session completes one inference per round
-            entry["simulator_concurrent"] = entry["concurrent"]
-            entry["concurrent"] = weighted_summary(pieces, end - start, cycle)
-            entry["simulator_span_s"], entry["span_s"] = entry["span_s"], end - start
+        for phase in results:  # round-robin on one HTP: every session completes one inference per round
+            phase.update(pieces=pieces, simulator_span=phase["span"], span=end - start)
     return results
 
 
-def _concurrent_processes(args, assign, latencies, cycle):
-    """Run one copy of this runner per assignment, each with one session, released at one start time (on an
-    emulated HTP each copy models its turn on the shared HTP: latency one round, busy its share of it)."""
+def _processes_round(args, assign, duration_s, latencies, cycle):
+    """Run one copy of this runner per assignment, each with one session, released at one start time, for
+    duration_s; return a phase per session (on an emulated HTP each copy models its turn on the shared HTP:
+    latency one round, busy its share of it)."""
     start_at = time.monotonic() + max(5.0, 2.0 * len(assign))
     procs = []
     for k, (model, input_list) in enumerate(assign):
         out = os.path.join(args.output_dir, "session_%d" % k)
         argv = [sys.executable, os.path.abspath(__file__), "--model", model, "--runtime", args.runtime,
-                "--input_list", input_list, "--output_dir", out, "--soak_duration", repr(args.concurrent_duration),
-                "--window_s", repr(max(args.concurrent_duration, 1e-3)), "--start_at", repr(start_at)]
+                "--input_list", input_list, "--output_dir", out, "--soak_duration", repr(duration_s),
+                "--window_s", repr(max(duration_s, 1e-3)), "--start_at", repr(start_at)]
         for name in ("htp_arch", "soc_model"):
             if getattr(args, name):
                 argv += ["--" + name, str(getattr(args, name))]
@@ -788,15 +833,17 @@ def _concurrent_processes(args, assign, latencies, cycle):
         except (OSError, ValueError):
             child = {"error": (stderr or b"").decode(errors="replace").strip() or "exit code %d" % proc.returncode}
         soaked = child.get("soak") or {}
-        times = child.get("iteration_s") or []
         span = soaked.get("duration_s") or 0.0
         errors = list(soaked.get("errors") or []) + ([child["error"]] if child.get("error") else [])
-        entry = {"index": k, "concurrent": latency_summary(times, span), "span_s": span,
-                 "errors": len(errors), "first_error": errors[0] if errors else None, "pid": proc.pid}
-        if latencies is not None:
-            entry["simulator_concurrent"] = entry["concurrent"]
-            entry["concurrent"] = soaked.get("emulated_summary") or weighted_summary([], span, cycle)
-        results.append(entry)
+        phase = {"times": child.get("iteration_s") or [], "errors": errors, "span": span, "pieces": None,
+                 "pid": proc.pid}
+        if latencies is not None:  # the copy's modelled turns: its throttle segments over its span
+            marks = soaked.get("throttle") or [[0.0, 1.0]]
+            segments = [(a, marks[i + 1][0] if i + 1 < len(marks) else span, cycle * factor)
+                        for i, (a, factor) in enumerate(marks)]
+            phase.update(pieces=segment_pieces(segments, 0.0, span),
+                         simulator_span=soaked.get("simulator_duration_s", span))
+        results.append(phase)
     return results
 
 
