@@ -56,21 +56,27 @@ from servers import ssh_server, write_devices_file  # noqa: E402
 
 BURSTS = """
 import multiprocessing, os, random, sys, time
-def spin(cpu, until):
+def alive(pid):
+    return os.path.exists("/proc/%d" % pid)
+def spin(cpu, until, bench):
     os.sched_setaffinity(0, {cpu})
-    while time.monotonic() < until:
+    while time.monotonic() < until and alive(bench):  # the benchmark killed: stop
         pass
+bench = os.getppid()
 rng = random.Random(int(sys.argv[2]))
 cpus = sorted(os.sched_getaffinity(0))
-while True:
-    low, high = float(sys.argv[3]), float(sys.argv[4])
+low, high = float(sys.argv[3]), float(sys.argv[4])
+while alive(bench):  # the benchmark gone (killed), the load goes too
     until = time.monotonic() + rng.uniform(low, high)
-    procs = [multiprocessing.Process(target=spin, args=(cpus[k % len(cpus)], until)) for k in range(int(sys.argv[1]))]
+    procs = [multiprocessing.Process(target=spin, args=(cpus[k % len(cpus)], until, bench))
+             for k in range(int(sys.argv[1]))]
     for p in procs:
         p.start()
     for p in procs:
         p.join()
-    time.sleep(rng.uniform(low, high))
+    pause = time.monotonic() + rng.uniform(low, high)
+    while time.monotonic() < pause and alive(bench):
+        time.sleep(0.2)
 """
 
 
@@ -110,6 +116,7 @@ def main() -> int:
     parser.add_argument("--model", default="digits_cnn")
     parser.add_argument("--cache-dir", default=DEFAULT_CACHE_DIR)
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: stop the load, the runner and sshd
 
     cache = ArtifactCache(Path(args.cache_dir).expanduser())
     default_limit = DEGRADATION_PER_SESSION * 2

@@ -13,11 +13,12 @@ import pytest
 
 from harness.reporting import charts
 from harness.emulator.device_time import CONTEXT_SWITCH_MS, DISPATCH_MS, modelled_latency
+from harness.kpi import Limit
 from harness.models import Thresholds
 from harness.options import ConcurrencyOptions, SoakOptions
 from harness.runner.client import DeviceRunner, SoakSpec
 from harness.runner.device_runner import percentile, segment_windows, weighted_summary, window_stats
-from harness.soak import Window, host_contention, soak_run, stability_kpis
+from harness.soak import SoakRun, Window, host_contention, soak_run, stability_kpis
 from harness.transports import open_transport
 
 SUITES = Path(__file__).resolve().parent.parent / "suites"
@@ -207,6 +208,29 @@ def test_host_contention_is_a_labelled_note():
     assert quiet["detected"] is False and quiet["simulator_window_p50_spread_pct"] == pytest.approx(10.0)
     busy = host_contention({"cpu_count": 2, "loadavg_1m": [2.7, 3.1]})
     assert busy["detected"] and busy["source"] == "simulator" and "3.10 above the host's 2 cores" in busy["reasons"][0]
+
+
+@pytest.mark.parametrize("load, status", [([0.4, 0.9], "failed"), ([2.7, 11.7], "inconclusive")])
+def test_a_simulator_timed_soak_below_its_stability_limit_fails_only_on_a_host_within_its_cores(load, status):
+    """Windows timed in the HTP simulator's wall time (an SSH or adb board running it): an unstable soak fails on a
+    quiet host; on a host busier than its cores (load average 11.7 on 2, as in a CI run) the host may have slowed
+    the windows, so stability is inconclusive with what would decide it, never failed."""
+    from harness.steps.report import StepReport
+    from harness.steps.sustained import _judge_on_a_contended_host
+
+    windows = [Window(0, 0, 5, 50, 2.0, 2, 2, 2, 500), Window(1, 5, 10, 10, 10.0, 10, 10, 10, 100)]
+    soak = SoakRun(windows=windows, iteration_s=[], duration_s=10.0, latency_source="simulator",
+                   host={"cpu_count": 2, "loadavg_1m": load})
+    report = StepReport("sustained", kpis={**stability_kpis(windows, 0.15)},
+                        limits=[Limit("stability_pct", minimum=Thresholds().min_stability_pct)])
+    assert report.kpis["stability_pct"] == pytest.approx(20.0) and report.status == "failed"
+    _judge_on_a_contended_host(report, soak, Thresholds())
+    assert report.status == status and report.kpis["host_contention"]["detected"] is (status == "inconclusive")
+    if status == "inconclusive":
+        assert "stability_pct 20.0 is below its limit 30" in report.undecided()[0]
+        assert "load average 11.70 above the host's 2 cores" in report.undecided()[0]
+        assert "re-run the soak on a quiet host or on a device" in report.undecided()[0]
+        assert any("simulator's wall time on this host" in n for n in report.notes)
 
 
 def test_a_device_without_thermal_zones_or_power_leaves_those_limits_not_evaluated(devices, ctx, feeds, tmp_path):
