@@ -3,12 +3,13 @@
 Several instances of one model, or the models of the run together when there are several, in one runner
 process (a thread per session; `processes` mode: a copy of the runner per session). The run is options.rounds
 rounds (9 by default): in each, every model runs alone for its share of the solo duration, then all sessions
-run together for their share of the concurrent duration, so the solo and the shared phases alternate and a drift of the device's speed
-(or, on the HTP simulator, of the host's load) reaches both (after Chromium's Pinpoint, as harness.latency_ab
-interleaves A/B blocks). A session's degradation in a round is its concurrent p50 over its solo p50 of that
-round; a round's is its worst session's. KPIs: aggregate throughput, latency_degradation (the median of the
-rounds', with the distribution-free interval of that median, harness.repeats.median_interval: the limit fails
-only when the interval lies above it, and is inconclusive when it straddles it), and errors, which must be 0.
+run together for their share of the concurrent duration, so the solo and the shared phases alternate and a
+drift of the device's speed (or, on the HTP simulator, of the host's load) reaches both (after Chromium's
+Pinpoint, as harness.latency_ab interleaves A/B blocks). A session's degradation in a round is its concurrent
+p50 over its solo p50 of that round; a round's is its worst session's. KPIs: aggregate throughput,
+latency_degradation (the median of the rounds', with the distribution-free interval of that median,
+harness.repeats.median_interval: the limit fails only when the interval lies above it, and is inconclusive when
+it straddles it), and errors, which must be 0.
 
 On an emulated device the sessions share the modelled HTP (harness.emulator.device_time): they take turns, so
 each sees one round (the sum of the sessions' modelled latencies plus a context switch per session) per
@@ -24,9 +25,8 @@ from pathlib import Path
 
 from harness.reporting import charts
 from harness.data import Feed
-from harness.kpi import Limit
+from harness.kpi import INTERVALS_KEY, Limit
 from harness.models import Thresholds
-from harness.kpi import INTERVALS_KEY
 from harness.options import ConcurrencyOptions
 from harness.repeats import summary
 from harness.runner.base import remote_model_path
