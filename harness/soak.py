@@ -18,6 +18,7 @@ from typing import Any
 from harness.errors import StepError
 from harness.runner.base import RunResult
 from harness.steps.profile import latency_stats
+from harness.steps.report import StepReport
 from harness.telemetry import (Sample, TripPoint, parse_battery_status, parse_sample, parse_trips, samples_csv,
                                zone_kind)
 
@@ -150,6 +151,16 @@ def contention_notes(contention: dict[str, Any], emulated: bool = True) -> list[
         return [why + " - the emulated figures are the modelled HTP's and do not depend on it; the simulator's "
                 "wall-time figures do"]
     return [why + " - the figures are the simulator's wall time on this host and follow its load, not an HTP's"]
+
+
+def note_host_contention(report: StepReport, host: dict, emulated: bool,
+                         simulator_windows: list[Window] = ()) -> dict[str, Any]:
+    """Return the `host_contention` KPI of a run of the HTP simulator (host_contention), after recording it in
+    report's KPIs and, when detected, its note (contention_notes)."""
+    contention = host_contention(host, simulator_windows)
+    report.kpis["host_contention"] = contention
+    report.notes.extend(contention_notes(contention, emulated))
+    return contention
 
 
 def stability_kpis(windows: list[Window], margin: float) -> dict[str, Any]:

@@ -835,8 +835,7 @@ def _processes_round(args, assign, duration_s, latencies, cycle):
         soaked = child.get("soak") or {}
         span = soaked.get("duration_s") or 0.0
         errors = list(soaked.get("errors") or []) + ([child["error"]] if child.get("error") else [])
-        phase = {"times": child.get("iteration_s") or [], "errors": errors, "span": span, "pieces": None,
-                 "pid": proc.pid}
+        phase = {"times": child.get("iteration_s") or [], "errors": errors, "span": span, "pieces": None}
         if latencies is not None:  # the copy's modelled turns: its throttle segments over its span
             marks = soaked.get("throttle") or [[0.0, 1.0]]
             segments = [(a, marks[i + 1][0] if i + 1 < len(marks) else span, cycle * factor)

@@ -31,7 +31,7 @@ from harness.options import ConcurrencyOptions
 from harness.repeats import summary
 from harness.runner.base import remote_model_path
 from harness.runner.client import DeviceRunner
-from harness.soak import contention_notes, host_contention
+from harness.soak import note_host_contention
 from harness.steps.report import StepReport
 
 DEGRADATION_PER_SESSION = 1.5  # default limit: 1.5 x the session count (sessions sharing one HTP take turns)
@@ -87,9 +87,7 @@ def concurrency(plans: list[tuple[str, Path, list[Feed]]], runner: DeviceRunner,
         sim = [r["simulator_latency_degradation"] for r in rows if r["simulator_latency_degradation"] is not None]
         report.kpis.update(emulated=result.get("emulated"), simulator_latency_degradation=max(sim) if sim else None)
     if emulated or source == "simulator":
-        contention = host_contention(run.report.get("host") or {})
-        report.kpis["host_contention"] = contention
-        report.notes.extend(contention_notes(contention, emulated))
+        note_host_contention(report, run.report.get("host") or {}, emulated)
     report.tables["sessions"] = rows
     limit = thresholds.max_latency_degradation or DEGRADATION_PER_SESSION * options.sessions
     # errors: a count that must be 0, never marginal

@@ -30,7 +30,7 @@ from harness.models import Thresholds
 from harness.options import EnergyOptions
 from harness.repeats import summary
 from harness.runner.client import DeviceRunner, SoakSpec
-from harness.soak import contention_notes, host_contention, mean_power_w, soak_run
+from harness.soak import mean_power_w, note_host_contention, soak_run
 from harness.steps.context_binary import ContextBinary
 from harness.steps.report import StepReport
 
@@ -95,11 +95,9 @@ def energy(ctx: ContextBinary, feeds: list[Feed], runner: DeviceRunner, threshol
             report.kpis.update(energy_blocks_mj=blocks, energy_noise_pct=summary(blocks).noise_pct)
             report.kpis[INTERVALS_KEY] = {"energy_per_inference_mj": interval.as_dict()}
     if soak.emulated:
-        contention = host_contention(soak.host, soak.simulator_windows)
         report.kpis.update(emulated_latency=run.report.get("emulated"), simulator_inferences=len(soak.iteration_s),
-                           simulator_duration_s=run.report["soak"].get("simulator_duration_s"),
-                           host_contention=contention)
-        report.notes.extend(contention_notes(contention))
+                           simulator_duration_s=run.report["soak"].get("simulator_duration_s"))
+        note_host_contention(report, soak.host, True, soak.simulator_windows)
     if thresholds.max_energy_per_inference_mj is not None:
         report.limits.append(Limit("energy_per_inference_mj", maximum=thresholds.max_energy_per_inference_mj,
                                    required=False, detail=f"{source} power" if not unusable else unusable[:80]))

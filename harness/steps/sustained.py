@@ -27,8 +27,7 @@ from harness.options import SoakOptions
 from harness.reporting import charts
 from harness.runner.client import DeviceRunner, SoakSpec
 from harness.soak import (
-    contention_notes,
-    host_contention,
+    note_host_contention,
     soak_run,
     stability_kpis,
     thermal_kpis,
@@ -79,13 +78,6 @@ def sustained(ctx: ContextBinary, feeds: list[Feed], runner: DeviceRunner, thres
         "trip_points": [{"zone": t.zone, "temp_c": t.temp_c, "type": t.type} for t in soak.trips],
     }
     report.tables["windows"] = [w.__dict__ for w in soak.windows]
-    if soak.emulated:
-        contention = host_contention(soak.host, soak.simulator_windows)
-        report.kpis.update(emulated_latency=run.report.get("emulated"),
-                           simulator_latency_ms=latency_stats(soak.iteration_s).as_dict() if soak.iteration_s else None,
-                           simulator_iterations=len(soak.iteration_s), host_contention=contention)
-        report.tables["simulator_windows"] = [w.__dict__ for w in soak.simulator_windows]
-        report.notes.extend(contention_notes(contention))
     report.limits = [
         Limit("stability_pct", minimum=thresholds.min_stability_pct),
         Limit("max_temp_c", maximum=thresholds.max_temp_c, required=False,
@@ -93,7 +85,12 @@ def sustained(ctx: ContextBinary, feeds: list[Feed], runner: DeviceRunner, thres
         Limit("max_skin_temp_c", maximum=thresholds.max_skin_temp_c, required=False,
               detail=f"zone {thermal['max_skin_temp_zone']}, {source}" if thermal["max_skin_temp_zone"] else ""),
     ]
-    if soak.latency_source == "simulator":
+    if soak.emulated:
+        report.kpis.update(emulated_latency=run.report.get("emulated"),
+                           simulator_latency_ms=latency_stats(soak.iteration_s).as_dict() if soak.iteration_s else None,
+                           simulator_iterations=len(soak.iteration_s))
+        report.tables["simulator_windows"] = [w.__dict__ for w in soak.simulator_windows]
+    if soak.emulated or soak.latency_source == "simulator":  # the simulator's wall time is in the run
         _judge_on_a_contended_host(report, soak, thresholds)
     _notes(report, soak, cooldown, thermal, transport.platform)
     if widened:
@@ -114,14 +111,13 @@ def sustained(ctx: ContextBinary, feeds: list[Feed], runner: DeviceRunner, thres
 
 
 def _judge_on_a_contended_host(report: StepReport, soak, thresholds: Thresholds) -> None:
-    """On a device whose windows are the HTP simulator's wall time (not emulated, not a Snapdragon's), note the
-    host's contention; when the host was busier than its cores, a stability below its limit is no evidence
-    about the device (the host's load slows windows unevenly): that limit is inconclusive, not failed."""
-    contention = host_contention(soak.host)
-    report.kpis["host_contention"] = contention
-    report.notes.extend(contention_notes(contention, emulated=False))
+    """Note the host's contention on a run of the HTP simulator. On an emulated device the windows are modelled
+    time and nothing else changes; where they are the simulator's wall time (not emulated, not a Snapdragon's)
+    and the host was busier than its cores, a stability below its limit is no evidence about the device (the
+    host's load slows windows unevenly): that limit is inconclusive, not failed."""
+    contention = note_host_contention(report, soak.host, soak.emulated, soak.simulator_windows)
     stability = report.kpis.get("stability_pct")
-    if not contention["detected"] or stability is None or stability >= thresholds.min_stability_pct:
+    if soak.emulated or not contention["detected"] or stability is None or stability >= thresholds.min_stability_pct:
         return
     report.limits = [limit for limit in report.limits if limit.kpi != "stability_pct"]
     report.inconclusive.append(
