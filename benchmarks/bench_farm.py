@@ -23,6 +23,16 @@ HARNESS_SIMULATOR_CPUS=off (the old behaviour) beside it. Last figures: docs/ben
 
     python benchmarks/bench_farm.py [--devices 1,2,4] [--workload device|suites] [--model digits_cnn]
         [--runs 2] [--iterations 3000] [--repeat 3] [--compare-pinning] [--cache-dir DIR]
+
+`--labgrid`: two orchestrators (two CI jobs) against one labgrid farm: a real labgrid-coordinator and two
+labgrid-exporters on loopback exporting three SSH boards (sshd on loopback, this host's HTP simulator) and an
+emulated phone (tests/servers.labgrid_farm). Each job is `pytest suites/ --device soc=sm8650,transport=ssh
+--skip-validation`; the benchmark times one job alone, the two back to back and the two started together
+(interleaved over --repeat rounds), and prints the throughput of the pair against one job and against the pair back
+to back (goal: together in under 0.8 x back to back), with the lease overhead per run and per step (reserve and
+acquire when no one else waits, release) from the jobs' lease records ($HARNESS_LOCK_LOG).
+
+    python benchmarks/bench_farm.py --labgrid [--repeat 2] [--cache-dir DIR]
 """
 
 from __future__ import annotations
@@ -235,6 +245,54 @@ def report(rows: list[Measure], workload: str, spread: dict[tuple[int, bool], li
               f"on the host {m.others_cpu_s:.1f}, idle {idle:.1f}")
 
 
+def labgrid_jobs(args: argparse.Namespace, cache: Path, tmp: Path) -> None:
+    """Time two suites jobs against a labgrid farm alone, back to back and together; print the ratios and the lease
+    overhead."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from servers import labgrid_farm
+
+    def start(devices_file: Path, host: str, log: Path) -> subprocess.Popen:
+        env = {**os.environ, "LG_HOSTNAME": host, "HARNESS_LOCK_LOG": str(log)}
+        env.pop("LG_COORDINATOR", None)
+        return subprocess.Popen([sys.executable, "-m", "pytest", "suites/", "-p", "no:cacheprovider", "-q",
+                                 "--kpi-json", str(tmp / f"kpi-{host}.json"),
+                                 "--devices-file", str(devices_file), "--device", "soc=sm8650,transport=ssh",
+                                 "--skip-validation", "--cache-dir", str(cache)], cwd=REPO, env=env,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def jobs(devices_file: Path, hosts: list[list[str]], log: Path) -> float:
+        started = time.monotonic()
+        for together in hosts:  # each inner list starts together; the lists run one after the other
+            procs = [start(devices_file, host, log) for host in together]
+            codes = [p.wait() for p in procs]
+            if any(codes):
+                raise SystemExit(f"a job failed (exit {codes}); run it by hand to see why")
+        return time.monotonic() - started
+
+    log = tmp / "leases.jsonl"
+    with labgrid_farm(tmp / "farm") as (_, devices_file):
+        jobs(devices_file, [["host-a"]], tmp / "warm.jsonl")  # warm the cache: the model and its artifacts
+        times: dict[str, list[float]] = {"one job": [], "two back to back": [], "two together": []}
+        for _ in range(args.repeat):  # interleaved, so that other load hits every configuration alike
+            times["one job"].append(jobs(devices_file, [["host-a"]], log))
+            times["two back to back"].append(jobs(devices_file, [["host-a"], ["host-b"]], log))
+            times["two together"].append(jobs(devices_file, [["host-a", "host-b"]], log))
+    median = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    print(f"machine: {os.cpu_count()} cores; each figure the median of {args.repeat} interleaved rounds")
+    for name, wall in median.items():
+        print(f"  {name:18s} {wall:7.1f} s  (rounds: {', '.join(f'{t:.1f}' for t in times[name])})")
+    print(f"  two together / two back to back: {median['two together'] / median['two back to back']:.2f} "
+          f"(goal < 0.8); throughput of two together: {2 * median['one job'] / median['two together']:.2f} x one job")
+    leases = [json.loads(line) for line in log.read_text().splitlines()]
+    records = json.loads((tmp / "kpi-host-a.json").read_text())["records"]
+    steps = sum(1 for r in records if r["outcome"] != "skipped")  # the step tests a job ran
+    acquire = sorted(l["acquired_at"] - l["asked_at"] for l in leases)
+    release = sorted(l["release_s"] for l in leases)
+    print(f"  lease overhead per run over {len(leases)} leases: reserve + acquire median {acquire[len(acquire) // 2]:.3f} s "
+          f"(max {acquire[-1]:.3f} s, with waiting), release median {release[len(release) // 2]:.3f} s; per step "
+          f"({steps} step tests ran in a job): {(acquire[len(acquire) // 2] + release[len(release) // 2]) / steps:.4f} s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--devices", default="1,2,4")
@@ -247,11 +305,17 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3,
                         help="run every configuration this many times, interleaved; report the median")
     parser.add_argument("--cache-dir", default=None)
+    parser.add_argument("--labgrid", action="store_true",
+                        help="two suites jobs against one labgrid farm: alone, back to back and together")
     for name in ("--worker", "--devices-file", "--work", "--go"):  # a device's host process (internal)
         parser.add_argument(name, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         return worker(args)
+    if args.labgrid:
+        with tempfile.TemporaryDirectory(prefix="bench-farm-") as tmp:
+            cache = Path(args.cache_dir) if args.cache_dir else Path(tmp) / "cache"
+            return labgrid_jobs(args, cache, Path(tmp))
     counts = [int(c) for c in args.devices.split(",")]
     if 1 not in counts:
         counts.insert(0, 1)

@@ -143,11 +143,22 @@ class SshDevice(_DeviceBase):
 DeviceSpec = Annotated[Union[EmulatorDevice, AdbDevice, SshDevice], Field(discriminator="transport")]
 
 
+class FarmSettings(_Strict):
+    """A labgrid coordinator whose places are the devices (harness/farm/labgrid_farm.py), and what the places'
+    SSH boards need from this host."""
+
+    coordinator: str = Field(description="labgrid://HOST[:PORT] (labgrid's default port is 20408)")
+    ssh_key_file: str = "~/.ssh/id_ed25519"
+    known_hosts: str = "~/.ssh/known_hosts"
+    lease_ttl_s: float = Field(30.0, ge=2, description="a lease not renewed for this long is taken over, s")
+
+
 class DevicesFile(_Strict):
     """A parsed devices file: the merged SoC catalog and the devices (path: where they came from)."""
 
     socs: dict[str, SocSpec]
     devices: list[DeviceSpec] = []
+    farm: FarmSettings | None = None
     path: str = ""
 
     @model_validator(mode="after")

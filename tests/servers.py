@@ -118,12 +118,7 @@ def ssh_server(root: Path) -> Iterator[SshServer]:
         _wait_for_port(port, proc)
         yield SshServer(root, port, host_pub, client_key, proc)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _stop(proc)
 
 
 @dataclass
@@ -247,3 +242,133 @@ def write_devices_file(path: Path, entries: list[dict[str, Any]], catalog: Path 
     data["devices"] = entries
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
+
+
+LABGRID_COORDINATOR = shutil.which("labgrid-coordinator") or str(Path(sys.executable).with_name("labgrid-coordinator"))
+
+
+@dataclass
+class LabgridCoordinator:
+    """A running labgrid-coordinator on 127.0.0.1, and labgrid-client against it."""
+
+    root: Path
+    port: int
+    proc: subprocess.Popen
+
+    @property
+    def url(self) -> str:
+        """Return the coordinator as the harness's --farm takes it."""
+        return f"labgrid://127.0.0.1:{self.port}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Return an environment naming this coordinator (LG_COORDINATOR), as labgrid's tools read it."""
+        return {**os.environ, "LG_COORDINATOR": f"127.0.0.1:{self.port}"}
+
+    def client(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        """Return the completed `labgrid-client ARGS...` run against this coordinator."""
+        client = Path(LABGRID_COORDINATOR).with_name("labgrid-client")
+        result = subprocess.run([str(client), *args], env=self.env, stdin=subprocess.DEVNULL, capture_output=True,
+                                text=True, timeout=START_TIMEOUT_S * 3)
+        if check and result.returncode != 0:
+            raise RuntimeError(f"labgrid-client {' '.join(args)}: {result.stderr or result.stdout}")
+        return result
+
+    def add_place(self, name: str, match: str, **tags: str) -> None:
+        """Create a place matching the resources `match` (exporter/group/class) with tags."""
+        self.client("-p", name, "create")
+        self.client("-p", name, "add-match", match)
+        if tags:
+            self.client("-p", name, "set-tags", *[f"{k}={v}" for k, v in tags.items()])
+
+    def place(self, name: str) -> Any:
+        """Return the place as the coordinator describes it now (harness.farm.labgrid_client.PlaceView)."""
+        from harness.farm.labgrid_client import Coordinator
+
+        with Coordinator(self.url) as coordinator:
+            return coordinator.places()[name]
+
+
+@contextmanager
+def labgrid_coordinator(root: Path) -> Iterator[LabgridCoordinator]:
+    """Run labgrid-coordinator on a free port of 127.0.0.1 (its places file under root) for the block."""
+    root.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    proc = subprocess.Popen([LABGRID_COORDINATOR, "-l", f"127.0.0.1:{port}"], cwd=root, stdin=subprocess.DEVNULL,
+                            stdout=(root / "coordinator.log").open("w"), stderr=subprocess.STDOUT)
+    try:
+        _wait_for_port(port, proc)
+        yield LabgridCoordinator(root, port, proc)
+    finally:
+        _stop(proc)
+
+
+@contextmanager
+def labgrid_exporter(coordinator: LabgridCoordinator, name: str, resources: dict[str, Any],
+                     root: Path) -> Iterator[subprocess.Popen]:
+    """Run labgrid-exporter `name` (standing for one host) exporting resources ({group: {class: params}})."""
+    import yaml
+
+    root.mkdir(parents=True, exist_ok=True)
+    config = root / f"{name}.yaml"
+    config.write_text(yaml.safe_dump(resources, sort_keys=False))
+    exporter = Path(LABGRID_COORDINATOR).with_name("labgrid-exporter")
+    proc = subprocess.Popen([str(exporter), "-c", f"127.0.0.1:{coordinator.port}", "--name", name, str(config)],
+                            cwd=root, stdin=subprocess.DEVNULL, stdout=(root / f"{name}.log").open("w"),
+                            stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:  # its resources are known to the coordinator
+            out = coordinator.client("resources", check=False).stdout
+            if all(f"{name}/{group}/" in out for group in resources):
+                break
+            if proc.poll() is not None:
+                raise RuntimeError(f"labgrid-exporter {name} exited: {(root / f'{name}.log').read_text()}")
+            time.sleep(0.2)
+        else:
+            raise RuntimeError(f"labgrid-exporter {name}'s resources never reached the coordinator")
+        yield proc
+    finally:
+        _stop(proc)
+
+
+@contextmanager
+def labgrid_farm(root: Path, lease_ttl_s: float = 30.0) -> Iterator[tuple[LabgridCoordinator, Path]]:
+    """Run a farm of two "hosts" for the block: a coordinator and exporters host-a (SSH boards board-a1, board-a2)
+    and host-b (board-b1 and the phone phone-b1, an emulated adbd behind a real adb server), every place sm8650;
+    the boards are one real sshd on loopback, each with a work directory of its own. Yield the coordinator and a
+    devices file naming it (its farm: section holds the boards' key and known_hosts)."""
+    import yaml
+
+    with labgrid_coordinator(root / "coordinator") as coordinator, ssh_server(root / "sshd") as sshd, \
+            adb_server(root / "adbhome") as adb, emulated_phone(adb, "sm8650", root / "phone") as phone:
+        board = {"address": "127.0.0.1", "port": sshd.port, "username": sshd.device_entry()["user"]}
+        # copies: YAML would write one dict twice as an alias, and the exporter adds its keys to the shared object
+        host_a = {"board1": {"NetworkService": dict(board)}, "board2": {"NetworkService": dict(board)}}
+        host_b = {"board1": {"NetworkService": dict(board)},
+                  "phone1": {"AdbDevice": {"serial": phone.serial, "address": "127.0.0.1", "port": adb.port}}}
+        with labgrid_exporter(coordinator, "host-a", host_a, root / "exporter-a"), \
+                labgrid_exporter(coordinator, "host-b", host_b, root / "exporter-b"):
+            for name, match in (("board-a1", "host-a/board1/NetworkService"),
+                                ("board-a2", "host-a/board2/NetworkService"),
+                                ("board-b1", "host-b/board1/NetworkService")):
+                coordinator.add_place(name, match, soc="sm8650", transport="ssh", python=sys.executable,
+                                      workdir=str(root / "workdirs" / name))
+            coordinator.add_place("phone-b1", "host-b/phone1/AdbDevice", soc="sm8650", transport="adb",
+                                  python=sys.executable)
+            devices_file = root / "devices.yaml"
+            devices_file.write_text(yaml.safe_dump({"farm": {
+                "coordinator": coordinator.url, "ssh_key_file": str(sshd.client_key),
+                "known_hosts": str(sshd.write_known_hosts(root / "known_hosts")), "lease_ttl_s": lease_ttl_s}}))
+            yield coordinator, devices_file
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop a server: SIGTERM, then SIGKILL after 10 s."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import fnmatch
 import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,7 +20,8 @@ from harness.session import DevicePool
 from harness.transports.retry import Backoff, retry_call
 from servers import ADB, adb_server, emulated_phone, write_devices_file
 
-SUITES = Path(__file__).resolve().parent.parent / "suites"
+REPO = Path(__file__).resolve().parent.parent
+SUITES = REPO / "suites"
 FIRST_STEPS = [str(SUITES / name) for name in ("test_01_feasibility.py", "test_02_conversion.py",
                                                "test_03_float_baseline.py", "test_04_ptq.py")]
 
@@ -225,24 +232,168 @@ def test_a_device_quarantined_in_the_farm_state_makes_an_xdist_run_incomplete(py
     assert [d["status"] for d in json.loads(kpi.read_text())["devices"]] == ["quarantined"]
 
 
-def test_a_device_held_by_another_process_is_waited_for_then_named(pytester, session_cache_dir, tmp_path):
+# --------------------------------------------------------------------------- device locks: fair, naming the holder
+
+LOCK_USER = """
+import sys, time
+from pathlib import Path
+from harness.farm.locks import DeviceLocks
+
+directory, device, name = sys.argv[1:4]
+hold_s, wait_for, rounds = float(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+locks = DeviceLocks(Path(directory), timeout_s=60, run=name)
+for r in range(rounds):
+    hold = locks.acquire(device, test=f"{name} round {r}")
+    deadline = time.monotonic() + 30
+    while r == 0 and len([p for p in locks.paths(device).queue.iterdir() if not p.name.startswith(".")]) < wait_for:
+        assert time.monotonic() < deadline, "the other waiters did not queue"
+        time.sleep(0.05)
+    time.sleep(hold_s)
+    hold.release()
+"""
+
+
+def _lock_user(tmp_path: Path, name: str, hold_s: float, wait_for: int = 0, rounds: int = 1,
+               device: str = "dev") -> subprocess.Popen:
+    """Return a started process that takes device's lock under tmp_path/locks `rounds` times as run `name` (the
+    first time holding it until `wait_for` others queue), holding it hold_s each time; its holds go to
+    $HARNESS_LOCK_LOG."""
+    script = tmp_path / "lock_user.py"
+    script.write_text(LOCK_USER)
+    return subprocess.Popen([sys.executable, str(script), str(tmp_path / "locks"), device, name, str(hold_s),
+                             str(wait_for), str(rounds)], env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def _queued(tmp_path: Path, device: str = "dev") -> int:
+    """Return how many tickets wait in device's queue."""
+    queue = tmp_path / "locks" / f"{device}.queue"
+    return len([p for p in queue.iterdir() if not p.name.startswith(".")]) if queue.is_dir() else 0
+
+
+def _wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 60) -> None:
+    """Return once condition() is true; fail naming what after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.05)
+
+
+def _holds(log: Path) -> list[dict]:
+    """Return the holds of $HARNESS_LOCK_LOG, in the order they were taken."""
+    return sorted((json.loads(line) for line in log.read_text().splitlines()), key=lambda h: h["acquired_at"])
+
+
+def test_device_lock_waiters_are_served_in_the_order_they_asked(tmp_path, monkeypatch):
+    """P1 holds; P2 then P3 queue; P1 releases and asks again at once: it goes behind them."""
+    log = tmp_path / "holds.jsonl"
+    monkeypatch.setenv("HARNESS_LOCK_LOG", str(log))
+    p1 = _lock_user(tmp_path, "P1", 0.2, wait_for=2, rounds=2)
+    _wait_until(lambda: (tmp_path / "locks" / "dev.holder.json").exists(), "P1 holds the device")
+    p2 = _lock_user(tmp_path, "P2", 0.3)
+    _wait_until(lambda: _queued(tmp_path) == 1, "P2 waits")
+    p3 = _lock_user(tmp_path, "P3", 0.3)
+    assert [p.wait(timeout=60) for p in (p1, p2, p3)] == [0, 0, 0]
+    holds = _holds(log)
+    assert [h["run"] for h in holds] == ["P1", "P2", "P3", "P1"], holds
+    assert all(a["released_at"] <= b["acquired_at"] for a, b in zip(holds, holds[1:])), holds  # one at a time
+    assert _queued(tmp_path) == 0 and not (tmp_path / "locks" / "dev.holder.json").exists()
+
+
+def test_a_dead_waiters_ticket_does_not_block_the_device(tmp_path, monkeypatch):
+    """A waiter killed with SIGKILL leaves its ticket; the next waiter removes it and takes the device."""
     from harness.farm.locks import DeviceLocks
 
-    locks = DeviceLocks(tmp_path / "locks", timeout_s=1)
-    lock = locks.acquire("sm8650-emu")  # another pytest process measuring on the device
+    log = tmp_path / "holds.jsonl"
+    monkeypatch.setenv("HARNESS_LOCK_LOG", str(log))
+    hold = DeviceLocks(tmp_path / "locks", run="test").acquire("dev", test="the test itself")
+    dead = _lock_user(tmp_path, "dead", 0.1)
+    _wait_until(lambda: _queued(tmp_path) == 1, "the doomed waiter waits")
+    queue = tmp_path / "locks" / "dev.queue"
+    [dead_ticket] = [p for p in queue.iterdir() if not p.name.startswith(".")]
+    assert f"-{dead.pid}-" in dead_ticket.name
+    dead.kill()
+    dead.wait()  # reaped: its pid is gone, not a zombie
+    assert dead_ticket.exists()  # SIGKILL: no finally ran
+    next_waiter = _lock_user(tmp_path, "next", 0.1)
+    _wait_until(lambda: not dead_ticket.exists() and _queued(tmp_path) == 1,
+                "the next waiter removes the dead one's ticket and waits")
+    hold.release()
+    assert next_waiter.wait(timeout=30) == 0
+    assert [h["run"] for h in _holds(log)] == ["test", "next"]  # the test's own hold, then the next waiter
+    assert _queued(tmp_path) == 0
+
+
+def test_a_device_held_by_another_process_is_waited_for_then_named(pytester, session_cache_dir, tmp_path):
+    """A wait says live who holds the device; past --device-lock-timeout the test errors with one line naming the
+    holder, without a traceback; once it is free the next run takes it."""
+    holder = _lock_user(tmp_path, "nightly-7", 60, device="sm8650-emu")  # another process measuring on the device
     try:
+        _wait_until(lambda: (tmp_path / "locks" / "sm8650-emu.holder.json").exists(), "the holder holds the device")
         result = pytester.runpytest_subprocess(
             FIRST_STEPS[0], "-p", "no:cacheprovider", "--device", "sm8650", "--cache-dir", str(session_cache_dir),
-            "--device-lock-dir", str(tmp_path / "locks"), "--device-lock-timeout", "1", "-rA")
+            "--device-lock-dir", str(tmp_path / "locks"), "--device-lock-timeout", "3", "-rA")
     finally:
-        lock.release()
+        holder.kill()
+        holder.wait()
     result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(["*device sm8650-emu is in use by another process for more than 1 s "
-                                 f"(lock {tmp_path / 'locks' / 'sm8650-emu.lock'})*"])
+    who = f"*/pid {holder.pid} (user *, run nightly-7, test nightly-7 round 0)"
+    result.stderr.fnmatch_lines([f"harness: waiting for device sm8650-emu (1st in line, ? s so far): held by {who} "
+                                 "for * s; --device-lock-timeout 3 s"])  # live, past pytest's capture
+    out = result.stdout.str()
+    section = out.split(" ERROR at setup of test_feasibility[sm8650-emu-digits_cnn] ")[1].splitlines()[1:]
+    section = section[:next(i for i, line in enumerate(section) if line.startswith(("=", "_")))]
+    message = [line for line in section if line.strip()]
+    assert len(message) == 1 and fnmatch.fnmatch(
+        message[0], f"device sm8650-emu is held by {who} since ??:??:?? (waited ? s, --device-lock-timeout 3 s): "
+                    "wait longer with --device-lock-timeout or free the device"), section
+    result.stdout.fnmatch_lines(["*short test summary info*", "ERROR *test_feasibility[[]sm8650-emu-digits_cnn[]]"])
+    assert "Traceback" not in out and "harness/farm" not in out and "locks.py" not in out, out
     again = pytester.runpytest_subprocess(
         FIRST_STEPS[0], "-p", "no:cacheprovider", "--device", "sm8650", "--cache-dir", str(session_cache_dir),
         "--device-lock-dir", str(tmp_path / "locks"))
-    again.assert_outcomes(passed=1)  # released: the next run takes it
+    again.assert_outcomes(passed=1)  # the holder died: the OS freed its lock, and its stale record is not a holder
+
+
+SMALL = ["--sweep", "off", "--skip-validation", "-p", "no:cacheprovider"]
+SLOW_STEP = """
+import time
+
+def pytest_runtest_call(item):
+    time.sleep(1)  # each step at least this long: the other run asks for the device while it is held
+"""
+
+
+def test_two_runs_on_one_device_interleave_fairly(pytester, session_cache_dir, tmp_path, monkeypatch):
+    """Two runs on one device, the second started a moment after the first: the second's first step starts within
+    one step of the first's, each step waits for at most one step of the other run, and no two holds overlap
+    (the holds come from $HARNESS_LOCK_LOG)."""
+    pytester.makepyfile(slowstep=SLOW_STEP)
+    log = tmp_path / "holds.jsonl"
+    monkeypatch.setenv("HARNESS_LOCK_LOG", str(log))
+    common = ["--pyargs", "harness.suites", "-k", "(feasibility or conversion) and not llm", *SMALL,
+              "-p", "slowstep", "--device", "sm8650", "--cache-dir", str(session_cache_dir),
+              "--device-lock-dir", str(tmp_path / "locks")]
+    runs = []
+    for name in ("first", "second"):
+        monkeypatch.setenv("HARNESS_RUN_ID", name)
+        with open(tmp_path / f"{name}.out", "w") as out:
+            runs.append(pytester.popen([sys.executable, "-m", "pytest", *common, "--kpi-json",
+                                        str(tmp_path / f"{name}.json")], stdout=out, stderr=subprocess.STDOUT))
+        time.sleep(0.3)
+    for name, run in zip(("first", "second"), runs):
+        assert run.wait(timeout=300) == 0, (tmp_path / f"{name}.out").read_text()[-3000:]
+    holds = _holds(log)
+    assert sorted(h["run"] for h in holds) == ["first"] * 2 + ["second"] * 2, holds
+    assert all(a["released_at"] <= b["acquired_at"] for a, b in zip(holds, holds[1:])), holds  # one at a time
+    for hold in holds:  # while a run waited, the other took the device at most once
+        overtaken = [h for h in holds if h["run"] != hold["run"] and hold["asked_at"] < h["acquired_at"] <
+                     hold["acquired_at"]]
+        assert len(overtaken) <= 1, (hold, holds)
+    runs_in_order = [h["run"] for h in holds]  # whichever run asked first took the device first
+    assert runs_in_order[1] != runs_in_order[0], runs_in_order  # the other's first step came right after its first
+    for name in ("first", "second"):
+        records = json.loads((tmp_path / f"{name}.json").read_text())["records"]
+        assert [r["outcome"] for r in records] == ["passed"] * 2, records
 
 
 def test_a_device_command_past_its_timeout_is_an_error_of_the_bench_not_a_failed_model(pytester, tmp_path,

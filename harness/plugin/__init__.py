@@ -24,6 +24,7 @@ from harness.steps.table import PASSED, Step, StepOptions, steps
 
 # Fixtures and options of the later onboarding steps live in sibling modules, one per area.
 pytest_plugins: list[str] = ["harness.plugin.performance", "harness.plugin.accuracy", "harness.plugin.devices",
+                             "harness.plugin.farm",
                              "harness.plugin.validation", "harness.plugin.regression", "harness.plugin.llm"]
 
 T = TypeVar("T")
@@ -85,6 +86,7 @@ def _build_session(config: pytest.Config):
     from harness.target import Target
     from harness.farm.locks import DeviceLocks
     from harness.farm.state import FarmState
+    from harness.plugin.farm import farm_settings, open_farm, run_of
     from harness.session import DevicePool, HarnessSession
 
     opt = config.option
@@ -92,22 +94,32 @@ def _build_session(config: pytest.Config):
     if devices_file is None and (Path(config.rootpath) / "devices.yaml").is_file():
         devices_file = Path(config.rootpath) / "devices.yaml"
     devices = load_devices_file(devices_file)  # None: the built-in emulator devices
-    selected = devices.select(opt.device or [os.environ.get("HARNESS_DEVICE", DEFAULT_DEVICE)])
+    run = run_of(config)
+    selectors = opt.device or [os.environ.get("HARNESS_DEVICE", DEFAULT_DEVICE)]
+    settings = farm_settings(config, devices)  # a labgrid coordinator's places, or the devices file's devices
+    selected = devices.select(selectors) if settings is None else []
     calib = Path(opt.calib_data).expanduser() if opt.calib_data else None
     models = resolve_models(opt.model or ["digits_cnn"], opt.input_shape, opt.freeze_input, calib)
     cache_root = Path(opt.cache_dir or os.environ.get("HARNESS_CACHE_DIR") or DEFAULT_CACHE_DIR).expanduser()
     cache = ArtifactCache(cache_root)
+    if settings is not None:  # leased places are one run's alone: no host-wide locks
+        selected, farm, released = open_farm(config, devices, settings, selectors, opt.device_lock_timeout, run)
+    else:
+        farm = FarmState(opt.farm_state, opt.quarantine_hours)
+        released = farm.release(opt.unquarantine) if not _is_xdist_worker(config) else []
     targets = [Target(d, devices.soc(d.soc), m) for d in selected for m in models]
-    farm = FarmState(opt.farm_state, opt.quarantine_hours)
-    released = farm.release(opt.unquarantine) if not _is_xdist_worker(config) else []
-    # xdist workers share devices: the controller cleans up once they are done
-    pool = DevicePool(cache, keep_files=opt.keep_device_files or _is_xdist_worker(config), farm=farm,
-                      health_check=not opt.no_health_check, min_free_mb=opt.device_min_free_mb,
-                      command_timeout_s=opt.command_timeout)
+    try:  # xdist workers share devices: the controller cleans up once they are done
+        pool = DevicePool(cache, keep_files=opt.keep_device_files or _is_xdist_worker(config), farm=farm,
+                          health_check=not opt.no_health_check, min_free_mb=opt.device_min_free_mb,
+                          command_timeout_s=opt.command_timeout)
+    except BaseException:
+        getattr(farm, "close", lambda: None)()  # leased places go back
+        raise
     return HarnessSession(devices=devices, targets=targets, cache=cache, pool=pool,
                           kpi_json=Path(opt.kpi_json) if opt.kpi_json else None,
-                          locks=DeviceLocks(Path(opt.device_lock_dir) if opt.device_lock_dir else None,
-                                            opt.device_lock_timeout),
+                          locks=None if settings is not None else
+                          DeviceLocks(Path(opt.device_lock_dir) if opt.device_lock_dir else None,
+                                      opt.device_lock_timeout, run=run),
                           released=released)
 
 
@@ -121,8 +133,13 @@ def pytest_configure(config: pytest.Config) -> None:
     except HarnessError as e:
         raise pytest.UsageError(str(e)) from None
     config.stash[SESSION_KEY] = session
-    config.pluginmanager.register(_RecordCollector(session), "harness-records")
-    config.pluginmanager.register(_step_fixtures(), "harness-step-fixtures")
+    config.stash[SKIPPED_ELSEWHERE_KEY] = []
+    config.pluginmanager.register(_RecordCollector(session, config.stash[SKIPPED_ELSEWHERE_KEY]), "harness-records")
+    # Registered now, after every plugin pytest loads from an entry point, -p or a conftest's pytest_plugins: of the
+    # plugins' fixtures of one name pytest uses the one registered last (FixtureManager._register_fixture inserts
+    # it after the other plugins'), so target, onboarding, check and the step fixtures are the harness's whatever
+    # else is installed (labgrid's pytest plugin has a `target` too). A conftest's fixture still overrides them.
+    config.pluginmanager.register(_harness_fixtures(), "harness-fixtures")
 
 
 def _is_xdist_worker(config: pytest.Config) -> bool:
@@ -151,7 +168,12 @@ def _close_session(config: pytest.Config) -> None:
                     session.pool.runner(t.device, session.devices)
                 except HarnessError:  # out of service (the summary said why): its files stay
                     continue
-    session.pool.close()
+    try:
+        session.pool.close()
+    finally:
+        close_farm = getattr(session.pool.farm, "close", None)  # a labgrid farm: its places are released
+        if close_farm is not None:
+            close_farm()
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -207,6 +229,67 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
             reason = [(f"{record.step}.reason", headline(verdict.message))] if verdict.message else []
             item.user_properties.extend([*record.properties(), (f"{record.step}.status", verdict.status), *reason])
         report.user_properties.append((RECORD_PROPERTY, record.to_json()))
+        elsewhere = _skipped_elsewhere(item, call, record.message) if report.skipped else None
+        if elsewhere is not None:  # not the harness's verdict: the run is not green (harness.reporting.summary)
+            report.user_properties.append((SKIPPED_ELSEWHERE_PROPERTY, elsewhere._asdict()))
+
+
+# A step test skipped by something other than the harness: a skip raised outside the harness and the test's own
+# module (another plugin's or a conftest's fixture or hook), or a skip mark neither its suite nor the harness set.
+SKIPPED_ELSEWHERE_PROPERTY = "harness_skipped_elsewhere"
+SKIPPED_ELSEWHERE_KEY = pytest.StashKey[list]()
+_HARNESS_DIR = Path(__file__).resolve().parent.parent
+_PYTEST_SKIP_FILE = Path(pytest.importorskip.__code__.co_filename).resolve()  # _pytest/outcomes.py: skip too
+_PYTEST_DIR = _PYTEST_SKIP_FILE.parent
+
+
+def _skipped_elsewhere(item: pytest.Item, call: pytest.CallInfo, reason: str):  # type: ignore[no-untyped-def]
+    """Return the SkippedElsewhere of a step test that something other than the harness skipped, else None (the
+    harness's or its suite's own skip, or no skip: an xfail)."""
+    from harness.reporting.summary import SkippedElsewhere
+
+    if call.excinfo is None or not call.excinfo.errisinstance(pytest.skip.Exception):
+        return None
+    origin = _skip_origin(call.excinfo)
+    if origin is None or _harness_verdict(item, origin[0]):
+        return None
+    path, line = origin
+    if path.is_relative_to(_PYTEST_DIR):  # pytest skipped it for a mark: a plugin's or a conftest's hook added it
+        return SkippedElsewhere(item.nodeid, reason, "by a skip mark another plugin or a conftest added")
+    where = path.relative_to(item.config.rootpath) if path.is_relative_to(item.config.rootpath) else path
+    return SkippedElsewhere(item.nodeid, reason, f"raised at {where}:{line}")
+
+
+def _skip_origin(excinfo: pytest.ExceptionInfo) -> tuple[Path, int] | None:
+    """Return the file and line (1-based) that raised a skip: its innermost frame outside pytest.skip itself (one
+    of pytest's files when pytest skipped the test for a skip mark); None when pytest.skip's are its only frames."""
+    for entry in reversed(excinfo.traceback):
+        path = Path(str(entry.path)).resolve()
+        if path != _PYTEST_SKIP_FILE:
+            return path, entry.lineno + 1
+    return None
+
+
+def _harness_verdict(item: pytest.Item, origin: Path) -> bool:
+    """Whether a skip raised in origin is the harness's own verdict: raised by the harness (a prerequisite that
+    failed, a step's skip condition, a quarantined device) or by the test's module, or pytest's for a skip mark
+    of the suite's or of the harness's."""
+    if origin.is_relative_to(_HARNESS_DIR) or origin == Path(item.path).resolve():
+        return True
+    return origin.is_relative_to(_PYTEST_DIR) and _own_skip_mark(item)
+
+
+def _own_skip_mark(item: pytest.Item) -> bool:
+    """Whether a step test's skip mark is the suite's (on its function, class or module) or the harness's: a suite
+    of the other kind than the model's (harness.plugin.llm marks those skipped)."""
+    from harness.plugin.llm import LLM_MARKER
+
+    for holder in (getattr(item, "module", None), getattr(item, "cls", None), getattr(item, "function", None)):
+        marks = getattr(holder, "pytestmark", [])
+        if any(mark.name in ("skip", "skipif") for mark in (marks if isinstance(marks, list) else [marks])):
+            return True
+    model = item.callspec.params["target"].model  # type: ignore[attr-defined]
+    return model.is_llm != (item.get_closest_marker(LLM_MARKER) is not None)
 
 
 def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):  # type: ignore[no-untyped-def]
@@ -245,17 +328,21 @@ DEVICE_STATE_PROPERTY = "harness_device_state"
 class _RecordCollector:
     """Collects step records and device states from test reports (they arrive from xdist workers the same way)."""
 
-    def __init__(self, session) -> None:
+    def __init__(self, session, skipped_elsewhere: list) -> None:
         self.session = session
+        self.skipped_elsewhere = skipped_elsewhere  # SkippedElsewhere: the step tests something else skipped
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         from harness.reporting.records import StepRecord
+        from harness.reporting.summary import SkippedElsewhere
 
         for name, value in report.user_properties:
             if name == RECORD_PROPERTY:
                 self.session.records.append(StepRecord.from_json(value, f"{report.nodeid}'s step record"))
             elif name == DEVICE_STATE_PROPERTY:
                 self.session.device_states[value["id"]] = value
+            elif name == SKIPPED_ELSEWHERE_PROPERTY:
+                self.skipped_elsewhere.append(SkippedElsewhere(**value))
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         from harness.reporting.summary import run_exit_status
@@ -264,7 +351,8 @@ class _RecordCollector:
             return
         self.session.write_kpi_json()
         if session.exitstatus == pytest.ExitCode.OK:  # a failure's exit status (1) stays
-            session.exitstatus = run_exit_status(self.session.records, self.session.device_summary())
+            session.exitstatus = run_exit_status(self.session.records, self.session.device_summary(),
+                                                 self.skipped_elsewhere)
 
 
 @dataclass
@@ -308,20 +396,21 @@ def _outcome(step: str, compute) -> Outcome:
                        infrastructure=is_infrastructure(e))
 
 
-@pytest.fixture(scope="session")
-def harness_session(pytestconfig: pytest.Config):
+# The harness's fixtures are plain functions here, made fixtures in _harness_fixtures: the plugin holding them is
+# registered in pytest_configure, after every other plugin, so that their names resolve to them (see there). The
+# autouse fixtures below keep their place in this module: their names are the harness's alone, and their order
+# with harness.plugin.devices' _device_in_session stays as it was.
+def _harness_session_fixture(pytestconfig: pytest.Config):
     """The run's HarnessSession: devices file, targets, cache and device pool."""
     return pytestconfig.stash[SESSION_KEY]
 
 
-@pytest.fixture(scope="session")
-def target(request: pytest.FixtureRequest):
+def _target_fixture(request: pytest.FixtureRequest):
     """The device × model under test (parametrized from --device and --model)."""
     return request.param
 
 
-@pytest.fixture(scope="session")
-def onboarding(target, harness_session):
+def _onboarding_fixture(target, harness_session):
     """The pipeline for this target (LlmOnboarding for a kind-llm model, else Onboarding): memoised artifacts and
     step reports."""
     try:
@@ -356,9 +445,12 @@ def _step_fixture(step: Step):
     return pytest.fixture(scope=step.scope, name=step.name)(fixture)
 
 
-def _step_fixtures() -> types.ModuleType:
-    """Return a plugin holding one fixture per step of the table (and of the registered steps)."""
-    holder = types.ModuleType("harness.plugin.step_fixtures", "The step fixtures, one per step of the step table.")
+def _harness_fixtures() -> types.ModuleType:
+    """Return a plugin holding the harness's fixtures: harness_session, target, onboarding, check, and one per step
+    of the table (and of the registered steps)."""
+    holder = types.ModuleType("harness.plugin.fixtures", "The harness's fixtures, the step fixtures among them.")
+    for name, (function, scope) in _FIXTURES.items():
+        setattr(holder, name, pytest.fixture(function, scope=scope, name=name))
     for step in steps():
         setattr(holder, step.name, _step_fixture(step))
     return holder
@@ -395,8 +487,7 @@ def _bench_stopped_step(request: pytest.FixtureRequest) -> None:
     pytest.fail(summarize(outcome.step, [outcome.error]), pytrace=False)
 
 
-@pytest.fixture
-def check(request: pytest.FixtureRequest):
+def _check_fixture(request: pytest.FixtureRequest):
     """check(outcome) -> StepReport: keep the KPIs and the verdict for the step's record (its Allure result and
     JUnit properties follow from it), fail on any broken limit; a step whose evidence cannot decide a limit (and
     breaks none) is not failed but recorded `inconclusive`, and marginal passes are recorded as such. A failure's
@@ -425,3 +516,8 @@ def check(request: pytest.FixtureRequest):
         return report
 
     return _check
+
+
+# name: (function, scope) of the harness's fixtures other than the steps' (_harness_fixtures makes them fixtures)
+_FIXTURES = {"harness_session": (_harness_session_fixture, "session"), "target": (_target_fixture, "session"),
+             "onboarding": (_onboarding_fixture, "session"), "check": (_check_fixture, "function")}

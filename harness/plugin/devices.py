@@ -23,7 +23,7 @@ import os
 
 from harness.errors import HarnessError
 from harness.options import bounded, positive_seconds
-from harness.plugin import DEVICE_STATE_PROPERTY, SESSION_KEY, _KPIS_KEY
+from harness.plugin import DEVICE_STATE_PROPERTY, SESSION_KEY, SKIPPED_ELSEWHERE_KEY, _KPIS_KEY
 
 DEFAULT_TELEMETRY_INTERVAL_S = 0.5
 _SAMPLER_KEY = pytest.StashKey[object]()
@@ -50,10 +50,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     default=DEFAULT_QUARANTINE_HOURS, metavar="H",
                     help=f"how long a quarantine in the farm state lasts (default {DEFAULT_QUARANTINE_HOURS:g})")
     group.addoption("--device-lock-dir", default=None, metavar="DIR",
-                    help="where the per-device locks live (default $HARNESS_LOCK_DIR, else "
-                         "<tmp>/snapdragon-harness-locks): one host-wide directory per farm")
+                    help="where the per-device locks, their queues of waiters and holder records live (default "
+                         "$HARNESS_LOCK_DIR, else <tmp>/snapdragon-harness-locks): one host-wide directory per farm")
     group.addoption("--device-lock-timeout", type=bounded(float, 0, "a duration in seconds (0 or more)"),
-                    default=1800.0, metavar="SECONDS", help="wait this long for a device another process uses")
+                    default=1800.0, metavar="SECONDS",
+                    help="wait this long for a device another process holds (default 1800); waiters take it in the "
+                         "order they asked, and a wait names the holder")
     group.addoption("--command-timeout", type=positive_seconds,
                     default=DEFAULT_COMMAND_TIMEOUT_S, metavar="SECONDS",
                     help=f"stop a device command that runs longer (default {DEFAULT_COMMAND_TIMEOUT_S:g}); the step "
@@ -139,12 +141,41 @@ _LOCK_KEY = pytest.StashKey[object]()
 
 
 def _take_device_lock(item: pytest.Item) -> None:
-    """Hold the step test's device lock from its setup to its teardown (one user per device); a device
-    another process holds past --device-lock-timeout errors the test naming the lock."""
+    """Hold the step test's device lock from its setup to its teardown (one user per device), in turn with the
+    other processes that wait for it, saying live who holds it while waiting; a device another process holds past
+    --device-lock-timeout errors the test with one line naming the holder (no traceback)."""
+    from harness.errors import FarmError
+
     target = _step_target(item)
     hs = item.config.stash.get(SESSION_KEY, None)
     if target is not None and hs is not None and hs.locks is not None:
-        item.stash[_LOCK_KEY] = hs.locks.acquire(target.device.id)
+        try:
+            item.stash[_LOCK_KEY] = hs.locks.acquire(target.device.id, test=item.nodeid,
+                                                     progress=live_line(item.config))
+            return
+        except FarmError as e:
+            message = str(e)
+        pytest.fail(message, pytrace=False)  # outside the except: no "During handling of the above exception"
+
+
+def live_line(config: pytest.Config):  # type: ignore[no-untyped-def]
+    """Return a function that shows a line at once, past pytest's output capture: on stderr, after the terminal
+    reporter's current line (an xdist worker's stderr reaches the terminal as it is)."""
+    import contextlib
+    import sys
+
+    capman = config.pluginmanager.get_plugin("capturemanager")
+    reporter = None if hasattr(config, "workerinput") else config.pluginmanager.get_plugin("terminalreporter")
+
+    def show(line: str) -> None:
+        with capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext():
+            if reporter is not None:
+                reporter.ensure_newline()
+                sys.stdout.flush()
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
+
+    return show
 
 
 def _release_device_lock(item: pytest.Item) -> None:
@@ -192,10 +223,11 @@ _REPORTED_KEY = pytest.StashKey[set]()
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:  # type: ignore[no-untyped-def]
     """The farm summary (devices used and quarantined, and why), a table per device x model, the inconclusive
-    steps and marginal passes, the devices that were out with the steps they kept from running, and why the
-    exit status is not 0 when no test failed (harness.reporting.summary)."""
-    from harness.reporting.summary import (EXIT_DEVICES_OUT, device_lines, incomplete_lines, run_exit_status,
-                                           step_table, verdict_lines)
+    steps and marginal passes, the devices that were out with the steps they kept from running, the step tests
+    something other than the harness skipped, and why the exit status is not 0 when no test failed
+    (harness.reporting.summary)."""
+    from harness.reporting.summary import (EXIT_REASONS, device_lines, incomplete_lines, run_exit_status,
+                                           skipped_elsewhere_lines, step_table, verdict_lines)
 
     hs = config.stash.get(SESSION_KEY, None)
     if hs is None or hasattr(config, "workerinput") or not hs.records:
@@ -209,8 +241,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         terminalreporter.write_line(line, yellow=True)
     for line in incomplete_lines(devices, hs.records):
         terminalreporter.write_line(line, red=True)
-    status = run_exit_status(hs.records, devices) if exitstatus == pytest.ExitCode.OK else 0
+    skipped_elsewhere = config.stash.get(SKIPPED_ELSEWHERE_KEY, [])
+    for line in skipped_elsewhere_lines(skipped_elsewhere):
+        terminalreporter.write_line(line, red=True)
+    status = run_exit_status(hs.records, devices, skipped_elsewhere) if exitstatus == pytest.ExitCode.OK else 0
     if status:
-        why = ("a device that was out kept requested steps from running" if status == EXIT_DEVICES_OUT else
-               "a step was inconclusive: re-run it with more samples")
-        terminalreporter.write_line(f"exit status {status}: no test failed, but {why}", red=True)
+        terminalreporter.write_line(f"exit status {status}: no test failed, but {EXIT_REASONS[status]}", red=True)

@@ -4,13 +4,16 @@ pass, the inconclusive steps and marginal passes, the devices that were out; and
 
 Exit status (what CI reads): 1 when a step failed or errored (pytest's own); else EXIT_DEVICES_OUT when a
 requested device x model x step did not run because its device was quarantined, unhealthy or lost (even
-when every such test was skipped); else EXIT_INCONCLUSIVE when a step's evidence could not decide a limit;
-else 0: every requested step ran and passed.
+when every such test was skipped); else EXIT_SKIPPED_ELSEWHERE when a requested step test was skipped by
+something other than the harness (another plugin's or a conftest's fixture or hook, not a prerequisite that
+failed, a step's own skip condition, a quarantined device or its suite); else EXIT_INCONCLUSIVE when a step's
+evidence could not decide a limit; else 0: every requested step ran and passed. A test deselected with -k or -m
+was not requested.
 """
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, NamedTuple, Sequence
 
 from harness.kpi import INTERVALS_KEY, interval_of, kpi_value
 from harness.reasons import details
@@ -21,6 +24,10 @@ from harness.steps.table import num as _num
 
 EXIT_DEVICES_OUT = 6
 EXIT_INCONCLUSIVE = 7
+EXIT_SKIPPED_ELSEWHERE = 8
+EXIT_REASONS = {EXIT_DEVICES_OUT: "a device that was out kept requested steps from running",
+                EXIT_SKIPPED_ELSEWHERE: "something other than the harness skipped requested steps",
+                EXIT_INCONCLUSIVE: "a step was inconclusive: re-run it with more samples"}
 OUT_OF_SERVICE = ("quarantined", "unhealthy")
 
 
@@ -115,12 +122,38 @@ def incomplete_lines(devices: list[dict], records: Iterable[StepRecord]) -> list
     return lines
 
 
-def run_exit_status(records: Iterable[StepRecord], devices: list[dict]) -> int:
+class SkippedElsewhere(NamedTuple):
+    """A requested step test that something other than the harness skipped: its node id, the skip's reason and
+    how it came ('raised at FILE:LINE', or 'by a skip mark ...')."""
+
+    test: str
+    reason: str
+    where: str
+
+
+def skipped_elsewhere_lines(skips: Iterable[SkippedElsewhere]) -> list[str]:
+    """Return a headline (how to find what skipped them) over one line per step test skipped by something other
+    than the harness, naming it, why and where; none when there is none."""
+    skips = list(skips)
+    if not skips:
+        return []
+    return [f"NOT RUN: {len(skips)} requested step test(s) were skipped by another plugin's or a conftest's fixture "
+            "or hook, not by the harness; this is not a pass (`pytest --fixtures-per-test NODEID` shows where a "
+            "test's fixtures come from; `-p no:NAME` leaves a plugin out)",
+            *(f"  {s.test} was skipped by something other than the harness: {s.reason} ({s.where})"
+              for s in skips)]
+
+
+def run_exit_status(records: Iterable[StepRecord], devices: list[dict],
+                    skipped_elsewhere: Sequence[SkippedElsewhere] = ()) -> int:
     """Return the exit status of a run in which no test failed: EXIT_DEVICES_OUT when a device that was out
-    kept requested steps from running, else EXIT_INCONCLUSIVE when a step was inconclusive, else 0."""
+    kept requested steps from running, else EXIT_SKIPPED_ELSEWHERE when something other than the harness skipped
+    a requested step test, else EXIT_INCONCLUSIVE when a step was inconclusive, else 0."""
     records = list(records)
     if any(missed for _, missed in devices_out(devices, records)):
         return EXIT_DEVICES_OUT
+    if skipped_elsewhere:
+        return EXIT_SKIPPED_ELSEWHERE
     if any(r.outcome == "inconclusive" for r in records):
         return EXIT_INCONCLUSIVE
     return 0
