@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from harness import corpus, profile_view, signoff
+from harness.history import cli as history_cli
 from harness.reporting import report_cli
 
 
@@ -17,6 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     report_cli.add_parser(sub)
     signoff.add_parser(sub)
     corpus.add_parser(sub)
+    history_cli.add_parser(sub)
     args = parser.parse_args(argv)
     return args.func(args)
 

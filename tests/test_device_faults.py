@@ -356,10 +356,20 @@ def test_a_device_held_by_another_process_is_waited_for_then_named(pytester, ses
 
 SMALL = ["--sweep", "off", "--skip-validation", "-p", "no:cacheprovider"]
 SLOW_STEP = """
-import time
+import os, time
+from pathlib import Path
+
+FIRST = []
 
 def pytest_runtest_call(item):
     time.sleep(1)  # each step at least this long: the other run asks for the device while it is held
+    if not FIRST:  # this run's first hold lasts until the other run waits for the device (a loaded host may start
+        FIRST.append(item)  # it seconds late), so that "within one step" does not depend on start-up times
+        deadline = time.monotonic() + 60
+        queues = Path(item.config.option.device_lock_dir).glob("*.queue/*")
+        while time.monotonic() < deadline and not any(f"-{os.getpid()}-" not in q.name for q in queues):
+            time.sleep(0.1)
+            queues = Path(item.config.option.device_lock_dir).glob("*.queue/*")
 """
 
 

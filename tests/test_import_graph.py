@@ -41,7 +41,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                        "llm.device llm.steps llm.shipping llm.genie_steps llm.genie_config llm.reference llm.ceiling")),
     ("pipelines", _modules("pipeline_base pipeline llm.pipeline")),
     ("session and reports", _modules("session reporting.allure reporting.summary reporting.report_cli signoff "
-                                     "signoff.* profile_view corpus corpus_data")),
+                                     "signoff.* profile_view corpus corpus_data history history.*")),
     ("pytest plugin, suites and commands", _modules("plugin plugin.* suites suites.* __main__")),
 ]
 

@@ -25,7 +25,8 @@ from harness.steps.table import PASSED, Step, StepOptions, steps
 # Fixtures and options of the later onboarding steps live in sibling modules, one per area.
 pytest_plugins: list[str] = ["harness.plugin.performance", "harness.plugin.accuracy", "harness.plugin.devices",
                              "harness.plugin.farm",
-                             "harness.plugin.validation", "harness.plugin.regression", "harness.plugin.llm"]
+                             "harness.plugin.validation", "harness.plugin.regression", "harness.plugin.llm",
+                             "harness.plugin.history"]
 
 T = TypeVar("T")
 SESSION_KEY = pytest.StashKey["HarnessSession"]()
