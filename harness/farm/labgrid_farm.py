@@ -204,9 +204,9 @@ class LabgridFarm:
                     self.progress(f"{place.name} matches {_filter_text(tags)} but is quarantined: {quarantine}; "
                                   f"`--unquarantine {place.name}` puts it back")
                 count = 1 if "name" in tags else per_filter
-                for name in self._wait_for(tags, count, timeout_s):
-                    places = self.coordinator.places()
-                    chosen.append(place_device(places[name], self.devices, self.settings))
+                leased = self._wait_for(tags, count, timeout_s)
+                places = self.coordinator.places()  # once, after the waiting: the leased places as they are now
+                chosen += [place_device(places[name], self.devices, self.settings) for name in leased]
             self._start_renewing()
             return chosen
         except BaseException:
@@ -217,7 +217,7 @@ class LabgridFarm:
         """Return the places acquired for `count` reservations of tags (at least one), in the order served."""
         wanted = _filter_text(tags)
         tokens = [self.coordinator.reserve(tags).token for _ in range(count)]
-        started, self._asked_at = time.monotonic(), time.time()
+        started, asked_at = time.monotonic(), time.time()
         next_line = started + FIRST_WAIT_LINE_S
         got: list[str] = []
         first_at: float | None = None
@@ -226,7 +226,7 @@ class LabgridFarm:
                 for token in list(tokens):
                     reservation = self.coordinator.poll(token)
                     if reservation.state in (ALLOCATED, ACQUIRED) and reservation.place:
-                        self._take(reservation.place, token)
+                        self._take(reservation.place, token, asked_at)
                         tokens.remove(token)
                         got.append(reservation.place)
                         first_at = first_at or time.monotonic()
@@ -258,13 +258,13 @@ class LabgridFarm:
         mine = next((r for r in reservations if r.token == token), None)
         return sum(1 for r in reservations if r.state == WAITING and mine is not None and r.created < mine.created)
 
-    def _take(self, place: str, token: str | None) -> None:
+    def _take(self, place: str, token: str | None, asked_at: float) -> None:
         """Acquire place and write this run's lease on it (clearing an expired quarantine)."""
         self.coordinator.acquire(place)
         now = time.time()
         with self._lock:
             self.held[place] = token
-            self._times[place] = (getattr(self, "_asked_at", now), now)
+            self._times[place] = (asked_at, now)
         cleared = {tag: "" for tag in QUARANTINE_TAGS}
         self.coordinator.set_tags(place, {**cleared, "lease_until": str(int(now + self.settings.lease_ttl_s)),
                                           "lease_since": str(int(now)), "lease_host": self.host,
